@@ -1,0 +1,60 @@
+"""Named fault points for fault injection, armed through the environment.
+
+``SEGUE_FAULTS="checkpoint.blobs_written:kill,worker.after_commit:raise:2"``
+arms two points. Actions: ``kill`` (SIGKILL this process), ``raise``
+(:class:`~segue.errors.InjectedFault`), ``exit`` (``os._exit(70)``), ``stop``
+(SIGSTOP this process). The optional count fires the action on the N-th hit
+only (1-based), so a test can kill at "the third checkpoint".
+
+Unarmed points cost one dict lookup: they are safe to leave in hot paths.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+from .errors import InjectedFault
+
+_armed: dict[str, tuple[str, int]] | None = None
+_hits: dict[str, int] = {}
+
+
+def _parse(spec: str) -> dict[str, tuple[str, int]]:
+    armed: dict[str, tuple[str, int]] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        name = parts[0]
+        action = parts[1] if len(parts) > 1 else "raise"
+        nth = int(parts[2]) if len(parts) > 2 else 1
+        if action not in ("kill", "raise", "exit", "stop"):
+            raise ValueError(f"SEGUE_FAULTS: unknown action {action!r} for point {name!r}")
+        armed[name] = (action, nth)
+    return armed
+
+
+def rearm(spec: str | None = None) -> None:
+    """Re-read the armed points (from ``spec`` or the environment); resets hit counts."""
+    global _armed
+    _armed = _parse(spec if spec is not None else os.environ.get("SEGUE_FAULTS", ""))
+    _hits.clear()
+
+
+def fault_point(name: str) -> None:
+    """Fire the action armed for ``name``, if any."""
+    if _armed is None:
+        rearm()
+    assert _armed is not None
+    if not _armed or name not in _armed:
+        return
+    action, nth = _armed[name]
+    _hits[name] = _hits.get(name, 0) + 1
+    if _hits[name] != nth:
+        return
+    if action == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif action == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif action == "exit":
+        os._exit(70)
+    raise InjectedFault(f"injected fault at {name}")

@@ -1,0 +1,69 @@
+"""torch tensors to host numpy arrays and back, without importing torch eagerly.
+
+A value can only be a tensor if the caller already imported torch, so encoding
+looks in ``sys.modules`` and never pays torch's import cost. bfloat16 has no numpy
+dtype: its bits travel as uint16 and the torch dtype is recorded in the meta.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError
+
+
+def is_tensor(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def to_numpy(t: Any) -> tuple[np.ndarray, dict[str, Any]] | None:
+    """A host copy of ``t`` and its meta, or None if numpy cannot hold its dtype."""
+    import torch  # type: ignore[import-not-found, unused-ignore]
+
+    dtype = str(t.dtype).removeprefix("torch.")
+    meta = {"framework": "torch", "dtype": dtype, "device": str(t.device)}
+    host = t.detach().to("cpu").contiguous()
+    if t.dtype == torch.bfloat16:
+        return host.view(torch.int16).numpy().view(np.uint16), meta
+    try:
+        return host.numpy(), meta
+    except TypeError:  # float8, complex32, ...: numpy has no such dtype
+        return None
+
+
+def from_numpy(arr: np.ndarray, meta: dict[str, Any]) -> Any:
+    """Rebuild the tensor on its device, or on the CPU with a warning if that is gone."""
+    try:
+        import torch  # type: ignore[import-not-found, unused-ignore]
+    except ImportError:
+        raise CheckpointError(
+            "this checkpoint holds torch tensors; install torch to load it"
+        ) from None
+    if meta.get("dtype") == "bfloat16":
+        t = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    else:
+        t = torch.from_numpy(arr)
+    device = str(meta.get("device", "cpu"))
+    if device == "cpu":
+        return t
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        warnings.warn(
+            f"tensor was saved on {device} but CUDA is unavailable; loaded it on the cpu",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return t
+    try:
+        return t.to(device)
+    except (RuntimeError, AssertionError) as e:  # e.g. cuda:3 on a 1-GPU machine
+        warnings.warn(
+            f"tensor was saved on {device} but cannot be placed there ({e}); loaded it on the cpu",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return t

@@ -1,0 +1,234 @@
+"""A state tree to (JSON tree, arrays, opaque blobs) and back, exactly.
+
+JSON holds dicts with str keys, lists, str, int, finite floats, bool and None.
+Everything else is a tagged dict ``{"__segue__": <tag>, ...}``: tuples, nan/inf,
+bytes, numpy scalars, numpy generators, and references to arrays (stored in the
+tensor file) or to pickled blobs. Pickle is used only when the caller passes
+``allow_pickle=True``; decoding never unpickles otherwise. Types are matched
+exactly so that what comes back is what went in; anything else raises
+:class:`~segue.errors.StateTypeError` naming where it is in the tree.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import pickle
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import CheckpointError, StateTypeError
+from . import _torch
+
+TAG = "__segue__"
+GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
+_FIX = (
+    "checkpoints store dicts, lists, tuples, scalars, strings, bytes and arrays; "
+    "convert it, or pass allow_pickle=True to save and load"
+)
+
+
+class MalformedTreeError(ValueError):
+    """The stored tree does not decode (unknown tag, missing reference)."""
+
+
+@dataclass
+class Encoded:
+    tree: Any
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+    array_meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    opaque: dict[str, bytes] = field(default_factory=dict)
+    opaque_types: dict[str, str] = field(default_factory=dict)
+
+
+def _type_name(value: Any) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+class _Encoder:
+    def __init__(self, allow_pickle: bool) -> None:
+        self.allow_pickle = allow_pickle
+        self.out = Encoded(tree=None)
+
+    def array(self, arr: np.ndarray, meta: dict[str, Any]) -> str:
+        ref = f"a{len(self.out.arrays)}"
+        # Keep 0-d arrays 0-d: np.ascontiguousarray would make them 1-d.
+        self.out.arrays[ref] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+        self.out.array_meta[ref] = meta
+        return ref
+
+    def opaque(self, value: Any, path: str, why: str) -> dict[str, Any]:
+        if not self.allow_pickle:
+            raise StateTypeError(f"{path} {why}; {_FIX}")
+        try:
+            blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as e:
+            raise StateTypeError(
+                f"{path} holds a {_type_name(value)} that pickle cannot store ({e}); convert it"
+            ) from None
+        ref = f"o{len(self.out.opaque)}"
+        self.out.opaque[ref] = blob
+        self.out.opaque_types[ref] = _type_name(value)
+        return {TAG: "pickle", "ref": ref}
+
+    def encode(self, v: Any, path: str) -> Any:
+        t = type(v)
+        if v is None or t is bool or t is int or t is str:
+            return v
+        if t is float:
+            return v if math.isfinite(v) else {TAG: "float", "value": repr(v)}
+        if t is dict or t is OrderedDict:
+            return self.mapping(v, path)
+        if t is list:
+            return [self.encode(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        if t is tuple:
+            return {
+                TAG: "tuple",
+                "items": [self.encode(x, f"{path}[{i}]") for i, x in enumerate(v)],
+            }
+        if t is bytes:
+            return {TAG: "bytes", "b64": base64.b64encode(v).decode("ascii")}
+        if t is np.ndarray:
+            if v.dtype.hasobject or v.dtype.kind == "V":
+                return self.opaque(v, path, f"holds an array of dtype {v.dtype}")
+            return {TAG: "ndarray", "ref": self.array(v, {"framework": "numpy"})}
+        if t is np.str_:  # flexible scalars: their dtype size follows the value
+            return {TAG: "npscalar", "dtype": "U", "value": str(v)}
+        if t is np.bytes_:
+            return {TAG: "npscalar", "dtype": "S", "b64": base64.b64encode(v).decode("ascii")}
+        if isinstance(v, np.generic) and not (v.dtype.hasobject or v.dtype.kind == "V"):
+            return {
+                TAG: "npscalar",
+                "dtype": v.dtype.str,
+                "b64": base64.b64encode(v.tobytes()).decode("ascii"),
+            }
+        if t is np.random.Generator and type(v.bit_generator).__name__ in GENERATORS:
+            state = self.encode(v.bit_generator.state, f"{path}.bit_generator.state")
+            return {
+                TAG: "generator",
+                "bit_generator": type(v.bit_generator).__name__,
+                "state": state,
+            }
+        if _torch.is_tensor(v):
+            host = _torch.to_numpy(v)
+            if host is None:
+                return self.opaque(
+                    v, path, f"holds a tensor of dtype {v.dtype}, which numpy cannot hold"
+                )
+            return {TAG: "tensor", "ref": self.array(*host)}
+        return self.opaque(v, path, f"holds a {_type_name(v)}")
+
+    def mapping(self, d: dict[Any, Any], path: str) -> Any:
+        for k in d:
+            if type(k) is not str:
+                return self.opaque(
+                    d,
+                    path,
+                    f"has a key of type {_type_name(k)} ({k!r}); checkpoint dicts need str keys",
+                )
+        if TAG in d:
+            return self.opaque(d, path, f"has the key {TAG!r}, which segue reserves; rename it")
+        items = {k: self.encode(x, f"{path}[{k!r}]") for k, x in d.items()}
+        return items if type(d) is dict else {TAG: "odict", "items": items}
+
+
+def encode(state: Any, *, allow_pickle: bool = False) -> Encoded:
+    """Split ``state`` into a JSON tree, host arrays and (only if allowed) pickled blobs."""
+    enc = _Encoder(allow_pickle)
+    enc.out.tree = enc.encode(state, "state")
+    return enc.out
+
+
+class _Decoder:
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        array_meta: Mapping[str, dict[str, Any]],
+        opaque: Mapping[str, bytes],
+        allow_pickle: bool,
+    ) -> None:
+        self.arrays, self.array_meta = arrays, array_meta
+        self.opaque, self.allow_pickle = opaque, allow_pickle
+
+    def array(self, node: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any]]:
+        ref = node.get("ref")
+        if not isinstance(ref, str) or ref not in self.arrays:
+            raise MalformedTreeError(f"array reference {ref!r} is not in the checkpoint")
+        return self.arrays[ref], dict(self.array_meta.get(ref, {}))
+
+    def decode(self, v: Any, path: str) -> Any:
+        if isinstance(v, list):
+            return [self.decode(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        if not isinstance(v, dict):
+            return v
+        if TAG not in v:
+            return {k: self.decode(x, f"{path}[{k!r}]") for k, x in v.items()}
+        try:
+            return self.tagged(v, path)
+        except (MalformedTreeError, CheckpointError):
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise MalformedTreeError(f"{path}: malformed {v.get(TAG)!r} node ({e})") from None
+
+    def tagged(self, v: dict[str, Any], path: str) -> Any:
+        tag = v[TAG]
+        if tag == "tuple":
+            return tuple(self.decode(x, f"{path}[{i}]") for i, x in enumerate(v["items"]))
+        if tag == "odict":
+            return OrderedDict((k, self.decode(x, f"{path}[{k!r}]")) for k, x in v["items"].items())
+        if tag == "float":
+            if v["value"] not in ("nan", "inf", "-inf"):
+                raise MalformedTreeError(f"{path}: bad float {v['value']!r}")
+            return float(v["value"])
+        if tag == "bytes":
+            return base64.b64decode(v["b64"], validate=True)
+        if tag == "npscalar":
+            if v["dtype"] == "U":
+                return np.str_(v["value"])
+            if v["dtype"] == "S":
+                return np.bytes_(base64.b64decode(v["b64"], validate=True))
+            dt = np.dtype(v["dtype"])
+            if dt.hasobject:
+                raise MalformedTreeError(f"{path}: object dtype in a numpy scalar")
+            return np.frombuffer(base64.b64decode(v["b64"], validate=True), dtype=dt)[0]
+        if tag == "ndarray":
+            return self.array(v)[0]
+        if tag == "tensor":
+            return _torch.from_numpy(*self.array(v))
+        if tag == "generator":
+            if v["bit_generator"] not in GENERATORS:
+                raise MalformedTreeError(f"{path}: unknown bit generator {v['bit_generator']!r}")
+            bit_gen = getattr(np.random, v["bit_generator"])()
+            bit_gen.state = self.decode(v["state"], f"{path}.bit_generator.state")
+            return np.random.Generator(bit_gen)
+        if tag == "pickle":
+            return self.unpickle(v, path)
+        raise MalformedTreeError(f"{path}: unknown tag {tag!r}; a newer segue may have written it")
+
+    def unpickle(self, v: dict[str, Any], path: str) -> Any:
+        ref = v["ref"]
+        if not self.allow_pickle:
+            raise StateTypeError(
+                f"{path} was saved with pickle; loading it runs code from the checkpoint, "
+                "so pass allow_pickle=True to load if you trust its source"
+            )
+        if ref not in self.opaque:
+            raise MalformedTreeError(f"{path}: pickled blob {ref!r} is not in the checkpoint")
+        return pickle.loads(self.opaque[ref])
+
+
+def decode(
+    tree: Any,
+    arrays: Mapping[str, np.ndarray],
+    array_meta: Mapping[str, dict[str, Any]],
+    opaque: Mapping[str, bytes],
+    *,
+    allow_pickle: bool = False,
+) -> Any:
+    """Rebuild the state that :func:`encode` split; unpickles only with ``allow_pickle``."""
+    return _Decoder(arrays, array_meta, opaque, allow_pickle).decode(tree, "state")

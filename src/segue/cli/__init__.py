@@ -1,0 +1,1 @@
+"""The `segue` command line (a thin shell over segue.run.ops)."""

@@ -1,0 +1,224 @@
+"""`segue`: a thin command line over the library API.
+
+Exit codes: 0 the run succeeded (or the command did its job), 1 the run
+failed or was cancelled, 3 the run ended paused, 2 bad usage or input (one
+line on stderr, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import ControllerConflictError, SegueError, UsageError
+from ..flow import load_flow, parse_overrides
+from ..home import Home
+from ..run import ops
+from ..run.controller import Interrupts
+from ..run.options import RunOptions
+from ..run.status import run_status
+from ..states import Actor, RunState
+from .render import RunDisplay, event_line, fmt_time, print_json
+
+EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2
+        raise UsageError(f"{message}; see `segue {self.prog.split()[-1]} --help`" if " " in self.prog
+                         else f"{message}; see `segue --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="segue", description="Resumable runs for long batch and AI pipelines.")
+    p.add_argument("--home", help="state directory (default $SEGUE_HOME or ./.segue)")
+    sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
+
+    r = sub.add_parser("run", help="start a run of FLOW.py")
+    r.add_argument("flow")
+    r.add_argument("--param", "-p", action="append", default=[], metavar="K=V")
+    r.add_argument("--run-id")
+    r.add_argument("--detach", action="store_true", help="run the controller in the background")
+    r.add_argument("--pause-deadline", type=float, metavar="S",
+                   help="seconds a task may take to park before it is killed (default 30)")
+    r.add_argument("--pause-on-failure", action="store_true",
+                   help="pause instead of failing when a step exhausts its retries")
+
+    sub.add_parser("ls", help="list runs").add_argument("--json", action="store_true")
+    s = sub.add_parser("status", help="show a run")
+    s.add_argument("run")
+    s.add_argument("--json", action="store_true")
+
+    pa = sub.add_parser("pause", help="pause a run at its next pause points")
+    pa.add_argument("run")
+    pa.add_argument("--wait", action="store_true", help="block until the stored state is PAUSED")
+    pa.add_argument("--timeout", type=float, default=None, metavar="S")
+
+    rs = sub.add_parser("resume", help="continue a paused, failed or orphaned run")
+    rs.add_argument("run")
+    rs.add_argument("--detach", action="store_true")
+    rs.add_argument("--allow-code-change", action="store_true")
+
+    sub.add_parser("cancel", help="cancel a run").add_argument("run")
+    e = sub.add_parser("events", help="a run's state changes")
+    e.add_argument("run")
+    e.add_argument("--json", action="store_true")
+    c = sub.add_parser("checkpoints", help="a run's committed checkpoints")
+    c.add_argument("run")
+    c.add_argument("--json", action="store_true")
+    return p
+
+
+def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> int:
+    interrupts = Interrupts()
+    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit())
+    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit())
+    with RunDisplay(store, run.run_id) as display:
+        ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CLI, on_tick=display,
+                                  interrupts=interrupts)
+        final = ops.drive(ctl, reason=reason)
+    print(f"run {run.run_id} {final.value}")
+    if final == RunState.PAUSED:
+        print(f"resume with: segue resume {run.run_id}")
+    return EXIT.get(final, 1)
+
+
+def cmd_run(a: argparse.Namespace, home: Home) -> int:
+    opts = RunOptions.from_env(pause_deadline_s=a.pause_deadline,
+                               pause_on_failure=True if a.pause_on_failure else None)
+    prepared = ops.prepare_run(a.flow, parse_overrides(a.param), run_id=a.run_id, options=opts)
+    store = home.open_store()
+    run = ops.create_run(store, prepared, actor=Actor.CLI)
+    if a.detach:
+        pid = ops.spawn_detached(home, run.run_id)
+        print(run.run_id)
+        print(f"controller pid {pid}; follow with: segue status {run.run_id}", file=sys.stderr)
+        return 0
+    return _foreground(home, store, run, prepared.loaded, "started")
+
+
+def cmd_resume(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    store = home.open_store()
+    run = ops.check_resumable(store, a.run)
+    loaded = load_flow(run.flow_path)
+    ops.check_code(run, loaded, a.allow_code_change)
+    ops.check_no_live_controller(run)
+    if a.detach:
+        print(ops.spawn_detached(home, run.run_id, allow_code_change=a.allow_code_change))
+        return 0
+    return _foreground(home, store, run, loaded, "resumed by the operator")
+
+
+def cmd_pause(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    store = home.open_store()
+    t0 = time.monotonic()
+    run = ops.request_pause(store, a.run)
+    if a.wait:
+        run = ops.wait_for_state(store, a.run, {RunState.PAUSED, RunState.SUCCEEDED, RunState.FAILED,
+                                                RunState.CANCELLED}, a.timeout)
+        if run.state != RunState.PAUSED:
+            print(f"run {a.run} is {run.state.value} after {time.monotonic() - t0:.2f}s", file=sys.stderr)
+            return 1
+        print(f"run {a.run} PAUSED after {time.monotonic() - t0:.2f}s")
+        return 0
+    print(f"run {a.run} {run.state.value}")
+    return 0
+
+
+def cmd_status(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    doc = run_status(home.open_store(), a.run)
+    if a.json:
+        print_json(doc)
+        return 0
+    print(f"run {doc['run_id']}  {doc['state']}  flow {doc['flow']}")
+    for s in doc["steps"]:
+        p = s["progress"]
+        prog = "-" if p["done"] is None else f"{p['done']:.0f}/{p['total'] or '?'}"
+        ck = s["last_checkpoint"]
+        ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
+        line = f"  {s['name']:<16} {s['state']:<10} progress {prog:<14} attempts {s['attempts']}  ckpt {ckt}"
+        if s["pid"]:
+            line += f"  pid {s['pid']}"
+        if s["error"] and s["state"] != "SUCCEEDED":
+            line += f"  error: {s['error']}"
+        print(line)
+    return 0
+
+
+def cmd_ls(a: argparse.Namespace, home: Home) -> int:
+    if not home.exists():
+        runs: list[Any] = []
+    else:
+        runs = home.open_store().list_runs()
+    if a.json:
+        print_json([{"run_id": r.run_id, "state": r.state.value, "flow": r.flow_name,
+                     "created_at": r.created_at, "updated_at": r.updated_at} for r in runs])
+        return 0
+    for r in runs:
+        print(f"{r.run_id:<40} {r.state.value:<10} {r.flow_name:<16} {fmt_time(r.created_at)}")
+    return 0
+
+
+def cmd_cancel(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    run = ops.cancel(home.open_store(), a.run)
+    print(f"run {a.run} {run.state.value}")
+    return 0
+
+
+def cmd_events(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    events = home.open_store().list_events(a.run) if home.open_store().get_run(a.run) else []
+    if a.json:
+        print_json([dataclasses.asdict(e) for e in events])
+    else:
+        for e in events:
+            print(event_line(e))
+    return 0
+
+
+def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
+    ops.require_home(home)
+    store = home.open_store()
+    store.get_run(a.run)
+    cks = store.list_checkpoints(a.run, statuses=("committed", "quarantined", "pruned"))
+    if a.json:
+        print_json([dataclasses.asdict(c) for c in cks])
+    else:
+        for c in cks:
+            print(f"{c.step:<16} #{c.seq:<5} epoch {c.epoch:<3} {c.status:<11} {c.nbytes:>12} B  "
+                  f"{fmt_time(c.created_at)}  {c.position}")
+    return 0
+
+
+COMMANDS = {
+    "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
+    "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        a = build_parser().parse_args(argv)
+        home = Home.resolve(a.home)
+        code = COMMANDS[a.cmd](a, home)
+    except (UsageError, ControllerConflictError) as exc:
+        print(f"segue: {exc}", file=sys.stderr)
+        code = EXIT_USAGE
+    except SegueError as exc:
+        print(f"segue: {exc}", file=sys.stderr)
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

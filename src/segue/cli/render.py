@@ -1,0 +1,87 @@
+"""Terminal rendering: a live rich table on a TTY, event lines elsewhere."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+
+from ..store.base import Event, RunRecord, Store, TaskRecord
+
+
+def fmt_time(t: float | None) -> str:
+    if t is None:
+        return "-"
+    return dt.datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3]
+
+
+def event_line(e: Event) -> str:
+    who = f"{e.step}: " if e.step else ""
+    move = f"{e.from_state or ''} -> {e.to_state} ".lstrip() if e.to_state else ""
+    return f"{fmt_time(e.time)} [{e.actor}] {who}{e.kind} {move}({e.reason})"
+
+
+def task_table(run: RunRecord, tasks: list[TaskRecord]) -> Table:
+    table = Table(title=f"run {run.run_id}  [bold]{run.state.value}[/bold]", expand=False)
+    for col in ("step", "state", "progress", "done/total", "attempts", "pid"):
+        table.add_column(col)
+    for t in tasks:
+        done, total = t.progress_done, t.progress_total
+        if total:
+            bar: Any = ProgressBar(total=total, completed=min(done or 0, total), width=24)
+            frac = f"{done or 0:.0f}/{total:.0f}"
+        else:
+            bar, frac = "", "-" if done is None else f"{done:.0f}"
+        table.add_row(t.step, t.state.value, bar, frac, str(t.attempts),
+                      str(t.pid) if t.pid else "-")
+    return table
+
+
+class RunDisplay:
+    """Called on every controller tick; throttled so drawing stays cheap."""
+
+    def __init__(self, store: Store, run_id: str, console: Console | None = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.console = console or Console(stderr=False)
+        self.live: Live | None = None
+        self.last_event = 0
+        self.last_draw = 0.0
+
+    def __enter__(self) -> RunDisplay:
+        if self.console.is_terminal:
+            self.live = Live(console=self.console, refresh_per_second=8, transient=False)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.flush_events()
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def flush_events(self) -> None:
+        for e in self.store.list_events(self.run_id, after_id=self.last_event):
+            self.last_event = e.id
+            if self.live is not None:
+                self.live.console.print(event_line(e), markup=False, highlight=False)
+            else:
+                print(event_line(e), flush=True)
+
+    def __call__(self, run: RunRecord, tasks: list[TaskRecord]) -> None:
+        now = time.monotonic()
+        if now - self.last_draw < 0.12:
+            return
+        self.last_draw = now
+        self.flush_events()
+        if self.live is not None:
+            self.live.update(task_table(run, tasks))
+
+
+def print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=False, default=str))

@@ -1,0 +1,46 @@
+"""Run each attempt as a local child process (``python -m segue.run.worker``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from .base import Executor, Launch, WorkerHandle
+
+
+class ProcessHandle(WorkerHandle):
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(sig)
+            except ProcessLookupError:
+                pass
+
+
+class LocalProcessExecutor(Executor):
+    def launch(self, spec: Launch) -> ProcessHandle:
+        env = dict(os.environ)
+        env.update(spec.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        cmd = [
+            sys.executable, "-m", "segue.run.worker",
+            "--home", str(spec.home), "--run", spec.run_id, "--step", spec.step,
+            "--epoch", str(spec.epoch), "--parent-pid", str(os.getpid()),
+        ]
+        with open(spec.log_path, "ab") as log:
+            # A new session: the terminal's Ctrl-C reaches the controller only,
+            # which decides between a graceful pause and an immediate stop.
+            proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env=env, start_new_session=True,
+            )
+        return ProcessHandle(proc)

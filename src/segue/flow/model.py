@@ -1,0 +1,215 @@
+"""Flows and steps: the declarative part of the public API.
+
+A flow is a DAG of Python step functions declared in a plain ``.py`` file::
+
+    flow = Flow("nightly", params={"epochs": 3, "lr": Param(0.1, help="step size")})
+
+    @flow.step(retries=2, checkpoint_every="5s")
+    def prepare(ctx): ...
+
+    @flow.step(after=[prepare], gpus=1)
+    def train(ctx): ...
+
+This module only describes; it never runs anything and never touches storage.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._canon import digest
+from ..errors import FlowError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+_MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
+
+
+def parse_duration(value: str | float | int, what: str) -> float:
+    """'500ms', '30s', '5m', '1h' or a number of seconds -> seconds (> 0)."""
+    if isinstance(value, bool):
+        raise FlowError(f"{what} must be a duration such as '30s' or 5.0, not {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    else:
+        m = _DURATION.match(str(value))
+        if not m:
+            raise FlowError(f"{what} must be a duration such as '500ms', '30s' or '5m', not {value!r}")
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    if seconds <= 0:
+        raise FlowError(f"{what} must be positive, not {value!r}")
+    return seconds
+
+
+def parse_memory(value: str | int | None, what: str) -> int | None:
+    """'512MB', '40GB', '2GiB' or a number of bytes -> bytes."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = _MEM.match(str(value))
+    if not m:
+        raise FlowError(f"{what} must be a size such as '512MB' or '40GB', not {value!r}")
+    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+    return int(float(m.group(1)) * scale)
+
+
+@dataclass(frozen=True)
+class Param:
+    """A typed flow parameter. The type is taken from the default unless given."""
+
+    default: Any
+    type: type | None = None
+    help: str = ""
+
+    @property
+    def kind(self) -> type:
+        if self.type is not None:
+            return self.type
+        return type(self.default)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a step needs. Stored with the run; the scheduler enforces it."""
+
+    cpus: float = 1.0
+    gpus: int = 0
+    memory: int | None = None  # bytes
+    gpu_memory: int | None = None  # bytes per GPU
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    fn: Callable[..., Any]
+    after: tuple[str, ...]
+    resources: Resources
+    retries: int
+    checkpoint_every_s: float | None
+    checkpoint_every_steps: int | None
+    allow_pickle: bool
+
+    def source_digest(self) -> str:
+        """Hash of the step function's source, for the code fingerprint."""
+        try:
+            src = inspect.getsource(self.fn)
+        except (OSError, TypeError):
+            src = getattr(self.fn, "__qualname__", self.name)
+        return digest({"name": self.name, "src": src, "after": list(self.after)})
+
+
+@dataclass
+class Flow:
+    """A named DAG of steps with typed parameters."""
+
+    name: str
+    params: Mapping[str, Param | Any] = field(default_factory=dict)
+    pause_on_failure: bool = False
+    steps: dict[str, StepSpec] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise FlowError(f"flow name {self.name!r} must be a Python identifier of at most 64 characters")
+        normalized: dict[str, Param] = {}
+        for key, value in dict(self.params).items():
+            if not _NAME.match(key):
+                raise FlowError(f"parameter name {key!r} must be a Python identifier")
+            p = value if isinstance(value, Param) else Param(value)
+            if p.kind not in (int, float, str, bool, list, dict):
+                raise FlowError(
+                    f"parameter {key!r} has type {p.kind.__name__}; use int, float, str, bool, list or dict"
+                )
+            normalized[key] = p
+        self.params = normalized
+
+    def step(
+        self,
+        fn: Callable[..., Any] | None = None,
+        *,
+        after: Iterable[str | Callable[..., Any]] = (),
+        cpus: float = 1.0,
+        gpus: int = 0,
+        memory: str | int | None = None,
+        gpu_memory: str | int | None = None,
+        retries: int = 0,
+        checkpoint_every: str | float | None = None,
+        checkpoint_every_steps: int | None = None,
+        allow_pickle: bool = False,
+    ) -> Any:
+        """Declare a step. Usable as ``@flow.step`` or ``@flow.step(...)``."""
+
+        def register(f: Callable[..., Any]) -> Callable[..., Any]:
+            name = f.__name__
+            if not _NAME.match(name):
+                raise FlowError(f"step name {name!r} must be a Python identifier")
+            if name in self.steps:
+                raise FlowError(f"flow {self.name!r} declares step {name!r} twice; rename one")
+            if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+                raise FlowError(f"step {name!r}: retries must be a non-negative int, not {retries!r}")
+            if cpus <= 0 or gpus < 0:
+                raise FlowError(f"step {name!r}: cpus must be > 0 and gpus >= 0")
+            every_steps = checkpoint_every_steps
+            if every_steps is not None and (not isinstance(every_steps, int) or every_steps <= 0):
+                raise FlowError(f"step {name!r}: checkpoint_every_steps must be a positive int")
+            every_s = (
+                parse_duration(checkpoint_every, f"step {name!r}: checkpoint_every")
+                if checkpoint_every is not None
+                else None
+            )
+            ups = tuple(a if isinstance(a, str) else a.__name__ for a in after)
+            self.steps[name] = StepSpec(
+                name=name,
+                fn=f,
+                after=ups,
+                resources=Resources(
+                    cpus=float(cpus),
+                    gpus=int(gpus),
+                    memory=parse_memory(memory, f"step {name!r}: memory"),
+                    gpu_memory=parse_memory(gpu_memory, f"step {name!r}: gpu_memory"),
+                ),
+                retries=retries,
+                checkpoint_every_s=every_s,
+                checkpoint_every_steps=every_steps,
+                allow_pickle=allow_pickle,
+            )
+            return f
+
+        return register(fn) if fn is not None else register
+
+    # -- validation ----------------------------------------------------------
+    def order(self) -> list[str]:
+        """Steps in a deterministic topological order; raises FlowError on bad DAGs."""
+        if not self.steps:
+            raise FlowError(f"flow {self.name!r} has no steps; declare one with @flow.step")
+        for spec in self.steps.values():
+            for up in spec.after:
+                if up not in self.steps:
+                    known = ", ".join(sorted(self.steps))
+                    raise FlowError(
+                        f"step {spec.name!r} runs after unknown step {up!r}; known steps: {known}"
+                    )
+        order: list[str] = []
+        state: dict[str, int] = {}  # 1 = visiting, 2 = done
+
+        def visit(name: str, path: list[str]) -> None:
+            if state.get(name) == 2:
+                return
+            if state.get(name) == 1:
+                cycle = path[path.index(name):] + [name]
+                raise FlowError(f"flow {self.name!r} has a cycle: {' -> '.join(cycle)}")
+            state[name] = 1
+            for up in self.steps[name].after:
+                visit(up, path + [name])
+            state[name] = 2
+            order.append(name)
+
+        for name in self.steps:  # declaration order breaks ties: reproducible
+            visit(name, [])
+        return order

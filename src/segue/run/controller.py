@@ -1,0 +1,409 @@
+"""The controller: drives one run until it succeeds, fails, pauses or is cancelled.
+
+One controller per run, enforced by a controller lease with its own epoch in
+the store. It starts attempts through an :class:`~segue.executor.Executor`,
+watches their exits and leases, applies retries with backoff, and carries out
+pause and cancel requests that arrive through the store (from ``segue pause``
+in another terminal) or from Ctrl-C. It holds no state that matters: if it
+dies, ``segue resume`` builds a new one from the store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..errors import FencedError
+from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
+from ..flow.model import StepSpec
+from ..home import Home
+from ..states import Actor, RunState, TaskState
+from ..store.base import RunRecord, Store, TaskRecord
+from .options import RunOptions
+from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED, exit_report_path
+
+log = logging.getLogger("segue.controller")
+
+TICK_S = 0.05
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a local process exists and is not a zombie (killed, not yet reaped)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The state letter follows the parenthesized command name.
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def wait_dead(pid: int | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for a local process to die; True if it did."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@dataclass
+class _Attempt:
+    step: str
+    epoch: int
+    handle: WorkerHandle
+    started: float
+    pause_signalled: bool = False
+    killed_for: str | None = None  # "pause-deadline" | "lease" | "stop" | "cancel"
+
+
+@dataclass
+class Interrupts:
+    """Set by the CLI's signal handler; read by the loop (handlers only set flags)."""
+
+    pause: bool = False
+    stop_now: bool = False
+    count: int = 0
+
+    def hit(self) -> None:
+        self.count += 1
+        if self.count == 1:
+            self.pause = True
+        else:
+            self.stop_now = True
+
+
+@dataclass
+class Controller:
+    home: Home
+    store: Store
+    run_id: str
+    steps: dict[str, StepSpec]
+    order: list[str]
+    executor: Executor = field(default_factory=LocalProcessExecutor)
+    actor: Actor = Actor.CLI
+    on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None
+    interrupts: Interrupts = field(default_factory=Interrupts)
+
+    def __post_init__(self) -> None:
+        self.host = socket.gethostname()
+        self.epoch = 0
+        self.attempts: dict[str, _Attempt] = {}
+        self._pause_t0: float | None = None
+        self._failure_pause_sent = False
+        run = self.store.get_run(self.run_id)
+        self.options = RunOptions.from_json(run.options)
+
+    # -- ownership -----------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the controller lease; steal it only from a provably dead local holder."""
+        run = self.store.get_run(self.run_id)
+        steal = (
+            run.controller_alive()
+            and run.controller_host == self.host
+            and not pid_alive(run.controller_pid)
+        )
+        self.epoch = self.store.acquire_controller(
+            self.run_id, pid=os.getpid(), host=self.host, ttl_s=self.options.lease_ttl_s, steal=steal
+        )
+        self._next_renew = time.monotonic() + self.options.lease_ttl_s / 4
+
+    def release(self) -> None:
+        if self.epoch:
+            self.store.release_controller(self.run_id, self.epoch)
+
+    # -- start / resume --------------------------------------------------------
+    def prepare(self, reason: str) -> None:
+        """Make the stored run runnable: adopt orphans, requeue parked and failed tasks."""
+        run = self.store.get_run(self.run_id)
+        for t in self.store.get_tasks(self.run_id):
+            if t.state == TaskState.RUNNING:
+                self._reclaim_orphan(t)
+            elif t.state == TaskState.PARKED:
+                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=self.actor,
+                                           reason=reason)
+            elif t.state == TaskState.FAILED:
+                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=self.actor,
+                                           reason=reason, reset_failures=True)
+        if run.state != RunState.RUNNING:
+            self.store.transition_run(self.run_id, RunState.RUNNING, actor=self.actor, reason=reason,
+                                      controller_epoch=self.epoch)
+
+    def _reclaim_orphan(self, t: TaskRecord) -> None:
+        """An attempt left RUNNING by a previous controller.
+
+        A live lease on this host with a live pid: that process is ours to stop
+        now. An expired lease: presumed lost (a frozen or unreachable machine);
+        we do not touch it, and the epoch bump of our next attempt fences it.
+        A live lease elsewhere: wait for it to expire.
+        """
+        deadline = time.time() + self.options.lease_ttl_s * 2
+        while True:
+            cur = self.store.get_task(self.run_id, t.step)
+            if cur.state != TaskState.RUNNING or cur.epoch != t.epoch:
+                return
+            live = cur.lease_until is not None and cur.lease_until > time.time()
+            if not live:
+                break
+            if cur.host == self.host and cur.pid and pid_alive(cur.pid):
+                try:
+                    os.kill(cur.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                if not pid_alive(cur.pid):
+                    break
+            elif cur.host == self.host and not pid_alive(cur.pid):
+                break
+            if time.time() > deadline:
+                break
+            time.sleep(0.05)
+        self.store.transition_task(
+            self.run_id, t.step, TaskState.PENDING, actor=self.actor, epoch=t.epoch,
+            reason="attempt lost with its controller; it does not count as a failure",
+        )
+
+    # -- the loop ------------------------------------------------------------
+    def drive(self) -> RunState:
+        try:
+            while True:
+                run = self._renew_or_read()
+                if run is None:
+                    return self.store.get_run(self.run_id).state
+                tasks = self.store.get_tasks(self.run_id)
+                self._reap(tasks)
+                tasks = self.store.get_tasks(self.run_id)
+                run = self.store.get_run(self.run_id)
+                final = self._step(run, tasks)
+                if self.on_tick is not None:
+                    self.on_tick(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id))
+                if final is not None:
+                    return final
+                time.sleep(TICK_S)
+        finally:
+            self._kill_all("stop")
+            self.release()
+
+    def _renew_or_read(self) -> RunRecord | None:
+        if time.monotonic() >= self._next_renew:
+            self._next_renew = time.monotonic() + self.options.lease_ttl_s / 4
+            try:
+                return self.store.renew_controller(self.run_id, self.epoch, self.options.lease_ttl_s)
+            except FencedError:
+                log.warning("another controller took over run %s; this one stops", self.run_id)
+                self.epoch = 0  # nothing of ours to release
+                return None
+        return self.store.get_run(self.run_id)
+
+    def _step(self, run: RunRecord, tasks: list[TaskRecord]) -> RunState | None:
+        ints = self.interrupts
+        if ints.stop_now:
+            return self._stop_now()
+        if ints.pause and run.state == RunState.RUNNING:
+            ints.pause = False
+            run = self.store.transition_run(self.run_id, RunState.PAUSING, actor=Actor.CLI,
+                                            reason="ctrl-c: pausing at the next pause point",
+                                            controller_epoch=self.epoch)
+        if run.state == RunState.CANCELLED:
+            self._kill_all("cancel")
+            for t in tasks:
+                if not t.state.done:
+                    self.store.transition_task(self.run_id, t.step, TaskState.CANCELLED,
+                                               actor=self.actor, reason="run cancelled")
+            return RunState.CANCELLED
+        if run.state == RunState.PAUSING:
+            return self._pausing(tasks)
+        if run.state != RunState.RUNNING:
+            return run.state
+        by_state = {t.step: t for t in tasks}
+        if all(t.state == TaskState.SUCCEEDED for t in tasks):
+            self.store.transition_run(self.run_id, RunState.SUCCEEDED, actor=Actor.CONTROLLER,
+                                      reason="every step succeeded", controller_epoch=self.epoch)
+            return RunState.SUCCEEDED
+        failed = [t for t in tasks if t.state == TaskState.FAILED]
+        if failed:
+            return self._failing(failed)
+        self._schedule(by_state)
+        return None
+
+    def _failing(self, failed: list[TaskRecord]) -> RunState | None:
+        # Park the others so their progress is kept, then stop the run.
+        if not self._failure_pause_sent:
+            self._failure_pause_sent = True
+            for a in self.attempts.values():
+                a.handle.request_pause()
+        if self.attempts:
+            return None
+        names = ", ".join(t.step for t in failed)
+        if self.options.pause_on_failure:
+            self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CONTROLLER,
+                                      reason=f"step {names} exhausted its retries (pause_on_failure)",
+                                      controller_epoch=self.epoch)
+            return RunState.PAUSED
+        self.store.transition_run(self.run_id, RunState.FAILED, actor=Actor.CONTROLLER,
+                                  reason=f"step {names} exhausted its retries; `segue resume` retries it",
+                                  controller_epoch=self.epoch)
+        return RunState.FAILED
+
+    def _pausing(self, tasks: list[TaskRecord]) -> RunState | None:
+        now = time.monotonic()
+        if self._pause_t0 is None:
+            self._pause_t0 = now
+        for a in self.attempts.values():
+            if not a.pause_signalled:
+                a.pause_signalled = True
+                a.handle.request_pause()
+            elif a.killed_for is None and now - self._pause_t0 > self.options.pause_deadline_s:
+                a.killed_for = "pause-deadline"
+                a.handle.kill()
+        if self.attempts:
+            return None
+        for t in tasks:
+            if t.state == TaskState.RETRYING:
+                self.store.transition_task(self.run_id, t.step, TaskState.PARKED, actor=self.actor,
+                                           reason="paused while waiting to retry")
+        self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CONTROLLER,
+                                  reason="every task parked", controller_epoch=self.epoch)
+        return RunState.PAUSED
+
+    def _stop_now(self) -> RunState:
+        self._kill_all("stop")
+        for t in self.store.get_tasks(self.run_id):
+            if t.state == TaskState.RETRYING:
+                self.store.transition_task(self.run_id, t.step, TaskState.PARKED, actor=Actor.CLI,
+                                           reason="stopped at once")
+        run = self.store.get_run(self.run_id)
+        if run.state in (RunState.RUNNING, RunState.PAUSING):
+            self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CLI,
+                                      reason="second ctrl-c: stopped at once; resume continues "
+                                             "from the last checkpoints", controller_epoch=self.epoch)
+        return self.store.get_run(self.run_id).state
+
+    def _kill_all(self, why: str) -> None:
+        for a in self.attempts.values():
+            if a.killed_for is None:
+                a.killed_for = why
+            a.handle.kill()
+        deadline = time.monotonic() + 10
+        while self.attempts and time.monotonic() < deadline:
+            self._reap(self.store.get_tasks(self.run_id))
+            time.sleep(0.01)
+
+    # -- attempts ------------------------------------------------------------
+    def _schedule(self, tasks: dict[str, TaskRecord]) -> None:
+        now = time.time()
+        budget = self.options.max_parallel_cpus or float(os.cpu_count() or 1)
+        used = sum(self.steps[a.step].resources.cpus for a in self.attempts.values())
+        for name in self.order:
+            t = tasks[name]
+            if name in self.attempts:
+                continue
+            ready = (
+                t.state == TaskState.PENDING
+                and all(tasks[u].state == TaskState.SUCCEEDED for u in self.steps[name].after)
+            ) or (t.state == TaskState.RETRYING and (t.next_attempt_at or 0) <= now)
+            if not ready:
+                continue
+            need = self.steps[name].resources.cpus
+            if self.attempts and used + need > budget:
+                break
+            self._launch(name)
+            used += need
+
+    def _launch(self, step: str) -> None:
+        rec = self.store.start_attempt(self.run_id, step, ttl_s=self.options.lease_ttl_s,
+                                       actor=Actor.CONTROLLER)
+        logs = self.home.logs_dir(self.run_id)
+        handle = self.executor.launch(Launch(
+            home=self.home.root, run_id=self.run_id, step=step, epoch=rec.epoch,
+            log_path=logs / f"{step}.log", env={},
+        ))
+        self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic())
+        log.info("started %s attempt %d (epoch %d, pid %s)", step, rec.attempts, rec.epoch, handle.pid)
+
+    def _reap(self, tasks: list[TaskRecord]) -> None:
+        by_step = {t.step: t for t in tasks}
+        now = time.time()
+        for step, a in list(self.attempts.items()):
+            code = a.handle.poll()
+            t = by_step[step]
+            if code is None:
+                # Hung attempt: alive but its heartbeat stopped renewing the lease.
+                if (t.state == TaskState.RUNNING and t.epoch == a.epoch and t.lease_until
+                        and t.lease_until < now and a.killed_for is None):
+                    a.killed_for = "lease"
+                    a.handle.kill()
+                continue
+            del self.attempts[step]
+            self._on_exit(a, code, self.store.get_task(self.run_id, step))
+
+    def _on_exit(self, a: _Attempt, code: int, t: TaskRecord) -> None:
+        mine = t.epoch == a.epoch
+        if not mine or code in (EXIT_FENCED, EXIT_ORPHANED) and t.state != TaskState.RUNNING:
+            return  # superseded: the newer attempt owns the task
+        if t.state == TaskState.SUCCEEDED and code == EXIT_OK:
+            return
+        if t.state == TaskState.PARKED and code == EXIT_PARKED:
+            run = self.store.get_run(self.run_id)
+            if run.state == RunState.RUNNING and not self._failure_pause_sent:
+                # Parked by a signal from outside (e.g. SIGTERM); keep going.
+                self.store.transition_task(self.run_id, a.step, TaskState.PENDING, actor=Actor.CONTROLLER,
+                                           reason="parked outside a pause; rescheduling")
+            return
+        if t.state != TaskState.RUNNING:
+            return
+        if a.killed_for in ("pause-deadline", "stop"):
+            self.store.transition_task(
+                self.run_id, a.step, TaskState.PARKED, actor=Actor.CONTROLLER, epoch=a.epoch,
+                reason=("killed at the pause deadline" if a.killed_for == "pause-deadline"
+                        else "stopped at once") + "; it resumes from its last checkpoint",
+            )
+            return
+        if a.killed_for == "cancel":
+            return
+        error = self._describe_exit(a, code)
+        retries = self.steps[a.step].retries
+        if t.failures + 1 <= retries:
+            delay = self.options.backoff(t.failures + 1)
+            self.store.transition_task(
+                self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
+                reason=f"{error}; retry {t.failures + 1} of {retries} in {delay:.1f}s",
+                count_failure=True, error=error, next_attempt_at=time.time() + delay,
+            )
+        else:
+            self.store.transition_task(
+                self.run_id, a.step, TaskState.FAILED, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
+                reason=f"{error}; retries exhausted ({retries})", count_failure=True, error=error,
+            )
+
+    def _describe_exit(self, a: _Attempt, code: int) -> str:
+        if a.killed_for == "lease":
+            return f"attempt epoch {a.epoch} stopped heartbeating (lease expired); killed"
+        report = exit_report_path(self.home, self.run_id, a.step, a.epoch)
+        if report.exists():
+            import json
+
+            try:
+                return str(json.loads(report.read_text())["error"])
+            except (ValueError, KeyError, OSError):
+                pass
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return f"worker process was killed by {name}"
+        return f"worker process exited with code {code}"

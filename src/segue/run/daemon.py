@@ -1,0 +1,45 @@
+"""Entry point of a detached controller: ``python -m segue.run.daemon --home H --run R``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+
+from ..errors import SegueError
+from ..flow import load_flow
+from ..home import Home
+from ..states import Actor, RunState
+from . import ops
+from .controller import Interrupts
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="segue-controller")
+    p.add_argument("--home", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--allow-code-change", action="store_true")
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    home = Home.resolve(a.home)
+    store = home.open_store()
+    interrupts = Interrupts()
+    # SIGTERM to a detached controller: pause gracefully (like a first ctrl-c).
+    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit())
+    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit())
+    try:
+        run = store.get_run(a.run)
+        loaded = load_flow(run.flow_path)
+        ops.check_code(run, loaded, a.allow_code_change)
+        ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CONTROLLER, interrupts=interrupts)
+        final = ops.drive(ctl, reason="detached controller started")
+    except SegueError as exc:
+        print(f"segue: {exc}", file=sys.stderr)
+        return 2
+    logging.getLogger("segue.controller").info("run %s ended %s", a.run, final)
+    return {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}.get(final, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,206 @@
+"""Run lifecycle operations: the library API under the CLI.
+
+Each function validates its input completely before it writes anything, so a
+bad call costs nothing and leaves the store as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CodeChangedError, ControllerConflictError, IllegalTransitionError, UsageError
+from ..flow import LoadedFlow, changed_steps, load_flow, resolve
+from ..home import Home, check_run_id
+from ..states import Actor, RunState, TaskState
+from ..store.base import NewRun, RunRecord, Store, TaskRecord
+from .controller import Controller, Interrupts, pid_alive, wait_dead
+from .options import RunOptions
+
+
+@dataclass(frozen=True)
+class Prepared:
+    loaded: LoadedFlow
+    run_id: str
+    params: dict[str, Any]
+    options: RunOptions
+
+
+def prepare_run(
+    flow_path: str | Path,
+    params: Mapping[str, Any] | None = None,
+    *,
+    run_id: str | None = None,
+    options: RunOptions | None = None,
+) -> Prepared:
+    """Load and validate everything; writes nothing."""
+    loaded = load_flow(flow_path)
+    values = resolve(loaded.flow.params, dict(params or {}))
+    if run_id is None:
+        run_id = f"{loaded.flow.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    check_run_id(run_id)
+    opts = options or RunOptions.from_env()
+    if loaded.flow.pause_on_failure and not opts.pause_on_failure:
+        opts = RunOptions.from_json({**opts.to_json(), "pause_on_failure": True})
+    return Prepared(loaded, run_id, values, opts)
+
+
+def create_run(store: Store, p: Prepared, *, actor: Actor = Actor.CLI) -> RunRecord:
+    return store.create_run(
+        NewRun(
+            run_id=p.run_id,
+            flow_name=p.loaded.flow.name,
+            flow_path=str(p.loaded.path),
+            params=p.params,
+            fingerprint=p.loaded.fingerprint,
+            options=p.options.to_json(),
+        ),
+        p.loaded.order,
+        actor=actor,
+    )
+
+
+def check_code(run: RunRecord, loaded: LoadedFlow, allow_code_change: bool) -> None:
+    if allow_code_change or run.fingerprint == loaded.fingerprint:
+        return
+    steps = changed_steps(run.fingerprint, loaded.fingerprint)
+    what = f"steps {', '.join(repr(s) for s in steps)} changed" if steps else "module-level code changed"
+    raise CodeChangedError(
+        f"the code of run {run.run_id!r} changed since it began ({what}); "
+        f"restore the original file or pass --allow-code-change"
+    )
+
+
+def make_controller(
+    home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *, actor: Actor,
+    on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None,
+    interrupts: Interrupts | None = None,
+) -> Controller:
+    return Controller(
+        home=home, store=store, run_id=run.run_id, steps=loaded.flow.steps, order=loaded.order,
+        actor=actor, on_tick=on_tick, interrupts=interrupts or Interrupts(),
+    )
+
+
+def drive(controller: Controller, *, reason: str) -> RunState:
+    """Acquire the run, make it runnable and drive it to a resting state."""
+    controller.acquire()
+    try:
+        controller.prepare(reason)
+    except BaseException:
+        controller.release()
+        raise
+    return controller.drive()
+
+
+def check_resumable(store: Store, run_id: str) -> RunRecord:
+    run = store.get_run(run_id)
+    if run.state == RunState.SUCCEEDED:
+        raise IllegalTransitionError("a run", run.state.value, "RUNNING",
+                                     "the run already succeeded; start a new run instead")
+    if run.state == RunState.CANCELLED:
+        raise IllegalTransitionError("a run", run.state.value, "RUNNING",
+                                     "the run was cancelled; start a new run instead")
+    return run
+
+
+def check_no_live_controller(run: RunRecord, grace_s: float = 2.0) -> None:
+    """Refuse a second controller while the first is alive (a dying one gets a grace period)."""
+    if not run.controller_alive() or run.state not in (RunState.RUNNING, RunState.PAUSING):
+        return
+    if run.controller_host == socket.gethostname() and wait_dead(run.controller_pid, grace_s):
+        return
+    raise ControllerConflictError(
+        f"run {run.run_id!r} is already driven by a live controller (pid {run.controller_pid} "
+        f"on {run.controller_host}); pause it first, or wait for it to finish"
+    )
+
+
+def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False) -> int:
+    """Start a controller in its own session; it outlives this process."""
+    log = home.logs_dir(run_id) / "controller.log"
+    cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
+    if allow_code_change:
+        cmd.append("--allow-code-change")
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return proc.pid
+
+
+def request_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+    """Ask the run to pause. Returns the record after the request."""
+    run = store.get_run(run_id)
+    if run.state in (RunState.PAUSING, RunState.PAUSED):
+        return run
+    if run.state == RunState.PENDING:
+        return store.transition_run(run_id, RunState.PAUSED, actor=actor, reason="paused before it started")
+    run = store.transition_run(run_id, RunState.PAUSING, actor=actor, reason="pause requested",
+                               only_from=(RunState.RUNNING,))
+    return run
+
+
+def settle_orphaned_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+    """Finish a pause whose controller is gone: park tasks whose leases have expired.
+
+    With no controller, nobody would ever move PAUSING to PAUSED. Workers die
+    with their controller, so once every RUNNING task's lease has expired the
+    run is safely at rest.
+    """
+    run = store.get_run(run_id)
+    if run.state != RunState.PAUSING or run.controller_alive() and (
+        run.controller_host != socket.gethostname() or pid_alive(run.controller_pid)
+    ):
+        return run
+    now = time.time()
+    tasks = store.get_tasks(run_id)
+    if any(t.state == TaskState.RUNNING and (t.lease_until or 0) > now
+           and (t.host != socket.gethostname() or pid_alive(t.pid)) for t in tasks):
+        return run
+    for t in tasks:
+        if t.state in (TaskState.RUNNING, TaskState.RETRYING):
+            store.transition_task(run_id, t.step, TaskState.PARKED, actor=actor, epoch=t.epoch,
+                                  reason="parked after its controller was lost")
+    return store.transition_run(run_id, RunState.PAUSED, actor=actor,
+                                reason="every task parked (controller was gone)")
+
+
+def wait_for_state(
+    store: Store, run_id: str, states: set[RunState], timeout: float | None,
+    poll_s: float = 0.05,
+) -> RunRecord:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        run = settle_orphaned_pause(store, run_id)
+        if run.state in states:
+            return run
+        if deadline is not None and time.monotonic() > deadline:
+            return run
+        time.sleep(poll_s)
+
+
+def cancel(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+    run = store.get_run(run_id)
+    if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
+        raise IllegalTransitionError("a run", run.state.value, "CANCELLED", "the run already finished")
+    run = store.transition_run(run_id, RunState.CANCELLED, actor=actor, reason="cancelled by the operator")
+    if not run.controller_alive() or (run.controller_host == socket.gethostname()
+                                      and not pid_alive(run.controller_pid)):
+        for t in store.get_tasks(run_id):
+            if not t.state.done and t.state != TaskState.RUNNING:
+                store.transition_task(run_id, t.step, TaskState.CANCELLED, actor=actor,
+                                      reason="run cancelled")
+    return run
+
+
+def require_home(home: Home) -> None:
+    if not home.exists():
+        raise UsageError(f"no segue home at {home.root}; start a run first or pass --home / SEGUE_HOME")

@@ -1,0 +1,49 @@
+"""Per-run options, stored with the run so every controller applies the same ones."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from ..errors import UsageError
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    pause_deadline_s: float = 30.0  # cooperative pause; past it the attempt is killed
+    pause_on_failure: bool = False  # retries exhausted -> PAUSED instead of FAILED
+    lease_ttl_s: float = 10.0  # worker and controller leases
+    backoff_base_s: float = 0.5  # retry n waits base * 2**(n-1), capped
+    backoff_max_s: float = 30.0
+    max_parallel_cpus: float = 0.0  # 0: this machine's CPU count
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if f.type == "bool":
+                continue
+            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
+                raise UsageError(f"run option {f.name} must be a non-negative number, not {v!r}")
+        if self.lease_ttl_s < 0.5:
+            raise UsageError("run option lease_ttl_s must be at least 0.5 seconds")
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunOptions:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @classmethod
+    def from_env(cls, **overrides: Any) -> RunOptions:
+        """Defaults, then SEGUE_LEASE_TTL_S from the environment, then explicit overrides."""
+        base: dict[str, Any] = {}
+        if "SEGUE_LEASE_TTL_S" in os.environ:
+            base["lease_ttl_s"] = float(os.environ["SEGUE_LEASE_TTL_S"])
+        base.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**base)
+
+    def backoff(self, failures: int) -> float:
+        return min(self.backoff_max_s, self.backoff_base_s * (2 ** max(0, failures - 1)))

@@ -1,0 +1,192 @@
+"""The worker process: runs one attempt of one step, then exits.
+
+Started by an executor as ``python -m segue.run.worker --home H --run R
+--step S --epoch E``. The controller already began the attempt in the store
+(epoch E); the worker only ever commits under that epoch. Exit codes tell the
+controller what happened; the store holds what was committed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from .. import _faults
+from .. import checkpoint as ckpt
+from .._canon import digest
+from ..errors import FencedError
+from ..flow import load_flow
+from ..home import Home, output_path
+from ..states import Actor, RunState, TaskState
+from ..store.base import Store
+from .context import Flags, Park, StepContext
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_PARKED = 3
+EXIT_FENCED = 4
+EXIT_ORPHANED = 5
+
+log = logging.getLogger("segue.worker")
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Ask Linux to SIGKILL us when the controller dies, so no orphan keeps computing."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(EXIT_ORPHANED)
+
+
+class Heartbeat(threading.Thread):
+    """Renews the lease, learns about pause requests, flushes progress.
+
+    A fenced heartbeat means a newer attempt owns the step: this process is a
+    zombie and stops itself at once; anything it would still commit would be
+    rejected anyway.
+    """
+
+    def __init__(
+        self, store: Store, run_id: str, step: str, epoch: int, ttl_s: float,
+        flags: Flags, parent_pid: int,
+    ) -> None:
+        super().__init__(name="segue-heartbeat", daemon=True)
+        self.store, self.run_id, self.step, self.epoch = store, run_id, step, epoch
+        self.ttl_s = ttl_s
+        self.interval = min(1.0, ttl_s / 4)
+        self.flags = flags
+        self.parent_pid = parent_pid
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.interval):
+            if os.getppid() != self.parent_pid:
+                os._exit(EXIT_ORPHANED)
+            try:
+                hb = self.store.heartbeat(self.run_id, self.step, self.epoch, self.ttl_s)
+                if hb.run_state in (RunState.PAUSING, RunState.PAUSED, RunState.CANCELLED):
+                    self.flags.pause_requested = True
+                if self.flags.progress_dirty and self.flags.progress is not None:
+                    self.flags.progress_dirty = False
+                    done, total = self.flags.progress
+                    self.store.report_progress(self.run_id, self.step, self.epoch, done, total)
+            except FencedError:
+                self.flags.fenced = True
+                os._exit(EXIT_FENCED)
+            except Exception as exc:  # a busy database must not kill the step
+                log.warning("heartbeat failed: %s", exc)
+
+
+def _write_exit_report(path: Path, error: str, tb: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"error": error, "traceback": tb}))
+    os.replace(tmp, path)
+
+
+def exit_report_path(home: Home, run_id: str, step: str, epoch: int) -> Path:
+    return home.logs_dir(run_id) / f"{step}.e{epoch}.exit.json"
+
+
+def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int) -> int:
+    flags = Flags()
+
+    def on_pause_signal(signum: int, frame: Any) -> None:
+        flags.pause_requested = True  # handlers only set flags
+
+    signal.signal(signal.SIGUSR1, on_pause_signal)
+    signal.signal(signal.SIGTERM, on_pause_signal)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the controller
+    _die_with_parent(parent_pid)
+    # Tests arm faults for chosen attempts only, so the retry can succeed.
+    only = os.environ.get("SEGUE_FAULTS_EPOCHS")
+    if only is not None and str(epoch) not in only.split(","):
+        _faults.rearm("")
+
+    store = home.open_store()
+    storage = home.storage()
+    run = store.get_run(run_id)
+    task = store.get_task(run_id, step)
+    try:
+        store.set_attempt_pid(run_id, step, epoch, os.getpid(), socket.gethostname())
+    except FencedError:
+        return EXIT_FENCED
+    ttl = float(run.options.get("lease_ttl_s", 10.0))
+    hb = Heartbeat(store, run_id, step, epoch, ttl, flags, parent_pid)
+    hb.start()
+    _faults.fault_point("worker.started")
+    try:
+        loaded = load_flow(run.flow_path)
+        spec = loaded.flow.steps[step]
+
+        def load_input(name: str) -> Any:
+            ref = store.get_task(run_id, name).output_ref
+            if ref is None:
+                return None
+            return ckpt.load(storage, ref, allow_pickle=spec.allow_pickle).state["value"]
+
+        ctx = StepContext(
+            run_id=run_id, spec=spec, params=run.params, epoch=epoch, attempt=task.attempts,
+            store=store, storage=storage, flags=flags, load_input=load_input,
+            code_fingerprint=digest(loaded.fingerprint),
+        )
+        result = spec.fn(ctx)
+        ref = None
+        if result is not None:
+            ref = output_path(run_id, step, epoch)
+            ckpt.save(storage, ref, {"value": result}, meta={"kind": "output", "run_id": run_id,
+                      "step": step, "epoch": epoch}, allow_pickle=spec.allow_pickle)
+        _faults.fault_point("worker.before_complete")
+        if flags.progress is not None:
+            store.report_progress(run_id, step, epoch, *flags.progress)
+        store.complete_task(run_id, step, epoch, output_ref=ref, actor=Actor.WORKER)
+        _faults.fault_point("worker.after_complete")
+        return EXIT_OK
+    except Park:
+        store.transition_task(run_id, step, TaskState.PARKED, actor=Actor.WORKER, epoch=epoch,
+                              reason="parked at a checkpoint on a pause request")
+        return EXIT_PARKED
+    except FencedError:
+        return EXIT_FENCED
+    except BaseException as exc:  # report everything, including KeyboardInterrupt
+        _write_exit_report(exit_report_path(home, run_id, step, epoch),
+                           f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        traceback.print_exc()
+        return EXIT_FAILED
+    finally:
+        hb.stop_event.set()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="segue-worker")
+    p.add_argument("--home", required=True)
+    p.add_argument("--run", required=True)
+    p.add_argument("--step", required=True)
+    p.add_argument("--epoch", required=True, type=int)
+    p.add_argument("--parent-pid", required=True, type=int)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    t0 = time.time()
+    code = run_attempt(Home.resolve(a.home), a.run, a.step, a.epoch, a.parent_pid)
+    log.info("attempt epoch %d of %s ended with exit code %d after %.2fs", a.epoch, a.step, code, time.time() - t0)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown: the heartbeat thread may hold a connection
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""The metadata store contract: what every backend (SQLite now, PostgreSQL later) provides.
+
+The store is the only place where committed metadata lives (invariant 1). Every
+method is one atomic transaction. Methods that take an ``epoch`` are *fenced*:
+they change nothing and raise :class:`~segue.errors.FencedError` unless the
+task's current epoch equals the one given, so a zombie attempt can never
+overwrite newer progress (invariant 2). State changes are validated against
+:mod:`segue.states` inside the transaction and each one appends an event.
+
+A store must be rebuildable in another process from its constructor arguments
+(workers open their own), and it must be safe to use from several processes.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..states import Actor, RunState, TaskState
+
+
+def now() -> float:
+    """Wall-clock seconds. Leases compare wall-clock times across processes."""
+    return time.time()
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What the caller supplies to create a run."""
+
+    run_id: str
+    flow_name: str
+    flow_path: str
+    params: dict[str, Any]
+    fingerprint: dict[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    run_id: str
+    flow_name: str
+    flow_path: str
+    params: dict[str, Any]
+    fingerprint: dict[str, Any]
+    options: dict[str, Any]
+    state: RunState
+    created_at: float
+    updated_at: float
+    controller_epoch: int  # rises with every acquire_controller
+    controller_pid: int | None
+    controller_host: str | None
+    controller_lease_until: float | None  # None: no controller holds the run
+
+    def controller_alive(self, at: float | None = None) -> bool:
+        t = now() if at is None else at
+        return self.controller_lease_until is not None and self.controller_lease_until > t
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    run_id: str
+    step: str
+    state: TaskState
+    epoch: int  # fencing token; rises with every start_attempt
+    attempts: int  # attempts started, ever
+    failures: int  # failed attempts counted against the step's retries
+    pid: int | None
+    host: str | None
+    lease_until: float | None
+    progress_done: float | None
+    progress_total: float | None
+    output_ref: str | None  # where the committed output lives, once SUCCEEDED
+    error: str | None  # last error message, if any
+    next_attempt_at: float | None  # backoff deadline while RETRYING
+    started_at: float | None  # first attempt start
+    finished_at: float | None
+    updated_at: float
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    run_id: str
+    step: str
+    seq: int  # rises per task; the newest committed checkpoint has the largest seq
+    epoch: int  # epoch of the attempt that committed it
+    path: str  # storage-relative directory of the checkpoint
+    created_at: float
+    position: Any  # JSON: what the step says it had reached (e.g. {"step": 1200})
+    nbytes: int
+    status: str  # "committed" | "quarantined" | "pruned"
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int  # strictly increasing per store
+    run_id: str
+    step: str | None
+    time: float
+    actor: str
+    kind: str  # "run" | "task" | "checkpoint" | "controller" | "warning" | free-form
+    from_state: str | None
+    to_state: str | None
+    reason: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Reply to a worker's heartbeat: the run state tells it whether to park."""
+
+    run_state: RunState
+    lease_until: float
+
+
+class Store(ABC):
+    """Abstract metadata store. See the module docstring for the guarantees."""
+
+    # -- lifecycle -----------------------------------------------------------
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # -- runs ----------------------------------------------------------------
+    @abstractmethod
+    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: Actor) -> RunRecord:
+        """Insert the run (PENDING) and one PENDING task per step, plus a creation event.
+
+        Raises RunExistsError if the id is taken.
+        """
+
+    @abstractmethod
+    def get_run(self, run_id: str) -> RunRecord:
+        """Raises UnknownRunError."""
+
+    @abstractmethod
+    def list_runs(self) -> list[RunRecord]:
+        """All runs, newest first."""
+
+    @abstractmethod
+    def transition_run(
+        self,
+        run_id: str,
+        to: RunState,
+        *,
+        actor: Actor,
+        reason: str,
+        only_from: Collection[RunState] | None = None,
+        controller_epoch: int | None = None,
+    ) -> RunRecord:
+        """Move the run to ``to`` and append an event.
+
+        The table in segue.states is checked first (IllegalTransitionError).
+        ``only_from`` narrows the allowed source states further (also
+        IllegalTransitionError). With ``controller_epoch`` the change is fenced
+        on the controller epoch (FencedError). A transition to the same state is
+        a no-op that returns the record and writes nothing.
+        """
+
+    # -- controller lease ------------------------------------------------------
+    @abstractmethod
+    def acquire_controller(
+        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False
+    ) -> int:
+        """Become the run's controller; returns the new controller epoch.
+
+        Raises ControllerConflictError while another controller's lease is live,
+        unless ``steal`` is true (the caller has proved that holder dead).
+        """
+
+    @abstractmethod
+    def renew_controller(self, run_id: str, epoch: int, ttl_s: float) -> RunRecord:
+        """Extend the lease; FencedError if another controller took over."""
+
+    @abstractmethod
+    def release_controller(self, run_id: str, epoch: int) -> None:
+        """Give the lease up (no-op if already superseded)."""
+
+    # -- tasks ---------------------------------------------------------------
+    @abstractmethod
+    def get_tasks(self, run_id: str) -> list[TaskRecord]:
+        """The run's tasks in the order their steps were given to create_run."""
+
+    @abstractmethod
+    def get_task(self, run_id: str, step: str) -> TaskRecord: ...
+
+    @abstractmethod
+    def transition_task(
+        self,
+        run_id: str,
+        step: str,
+        to: TaskState,
+        *,
+        actor: Actor,
+        reason: str,
+        epoch: int | None = None,
+        only_from: Collection[TaskState] | None = None,
+        count_failure: bool = False,
+        error: str | None = None,
+        next_attempt_at: float | None = None,
+        reset_failures: bool = False,
+    ) -> TaskRecord:
+        """Move a task, append an event. Fenced when ``epoch`` is given.
+
+        ``count_failure`` adds one to ``failures``; ``reset_failures`` zeroes it
+        (resume of a FAILED run). Leaving RUNNING clears pid and lease.
+        """
+
+    @abstractmethod
+    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
+        """Begin a new attempt: epoch += 1, attempts += 1, state RUNNING, lease set.
+
+        Allowed from PENDING or RETRYING. The returned record carries the new
+        epoch, which the attempt must pass to every later call.
+        """
+
+    @abstractmethod
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
+        """Record the attempt's process (fenced)."""
+
+    @abstractmethod
+    def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
+        """Extend the attempt's lease (fenced) and report the run's state."""
+
+    @abstractmethod
+    def report_progress(
+        self, run_id: str, step: str, epoch: int, done: float, total: float | None
+    ) -> None:
+        """Store progress (fenced)."""
+
+    @abstractmethod
+    def commit_checkpoint(
+        self,
+        run_id: str,
+        step: str,
+        epoch: int,
+        *,
+        seq: int,
+        path: str,
+        position: Any,
+        nbytes: int,
+    ) -> CheckpointRecord:
+        """Record a checkpoint whose manifest is already durable (fenced).
+
+        ``seq`` must exceed every seq recorded for the task, else StoreError.
+        """
+
+    @abstractmethod
+    def list_checkpoints(
+        self, run_id: str, step: str | None = None, *, statuses: Collection[str] = ("committed",)
+    ) -> list[CheckpointRecord]:
+        """Checkpoints of a run (or one step), newest first per step."""
+
+    @abstractmethod
+    def set_checkpoint_status(
+        self, run_id: str, step: str, seq: int, status: str, *, actor: Actor, reason: str
+    ) -> None:
+        """Mark a checkpoint quarantined or pruned, with an event."""
+
+    @abstractmethod
+    def complete_task(
+        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: Actor
+    ) -> TaskRecord:
+        """RUNNING -> SUCCEEDED with the output reference, in one fenced transaction."""
+
+    # -- events --------------------------------------------------------------
+    @abstractmethod
+    def append_event(
+        self,
+        run_id: str,
+        kind: str,
+        *,
+        actor: Actor,
+        reason: str,
+        step: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> Event: ...
+
+    @abstractmethod
+    def list_events(self, run_id: str, *, after_id: int = 0) -> list[Event]:
+        """Events of a run in order (ids ascending), those with id > after_id."""
