@@ -86,6 +86,8 @@ class Heartbeat(threading.Thread):
                     done, total = self.flags.progress
                     self.store.report_progress(self.run_id, self.step, self.epoch, done, total)
             except FencedError:
+                if self.stop_event.is_set():
+                    return  # the attempt itself just parked or completed the task
                 self.flags.fenced = True
                 os._exit(EXIT_FENCED)
             except Exception as exc:  # a busy database must not kill the step
@@ -153,10 +155,12 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         _faults.fault_point("worker.before_complete")
         if flags.progress is not None:
             store.report_progress(run_id, step, epoch, *flags.progress)
+        hb.stop_event.set()
         store.complete_task(run_id, step, epoch, output_ref=ref, actor=Actor.WORKER)
         _faults.fault_point("worker.after_complete")
         return EXIT_OK
     except Park:
+        hb.stop_event.set()
         store.transition_task(run_id, step, TaskState.PARKED, actor=Actor.WORKER, epoch=epoch,
                               reason="parked at a checkpoint on a pause request")
         return EXIT_PARKED

@@ -1,0 +1,158 @@
+"""The SQLite metadata schema, as an ordered list of migrations.
+
+The schema version lives in ``PRAGMA user_version``: version N means the first
+N migrations have been applied. Migrations are frozen text: never edit one that
+has shipped; append a new one instead. Applying them is one ``BEGIN IMMEDIATE``
+transaction, so two processes that open a fresh database at once serialize and
+the second finds nothing left to do.
+
+This module owns the schema only; it must never read or write run data.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+
+from ..errors import StoreError
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int  # the user_version the database has once this step is applied
+    description: str
+    statements: tuple[str, ...]  # run one by one: executescript() would COMMIT
+
+
+# State lists are spelled out (not generated from the enums) so that the
+# schema of a shipped version never changes when the code does.
+_V1 = Migration(
+    1,
+    "runs, tasks, checkpoints and events",
+    (
+        """
+        CREATE TABLE runs (
+            run_id TEXT PRIMARY KEY,
+            flow_name TEXT NOT NULL,
+            flow_path TEXT NOT NULL,
+            params TEXT NOT NULL,
+            fingerprint TEXT NOT NULL,
+            options TEXT NOT NULL,
+            state TEXT NOT NULL CHECK (state IN
+                ('PENDING','RUNNING','PAUSING','PAUSED','SUCCEEDED','FAILED','CANCELLED')),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            controller_epoch INTEGER NOT NULL DEFAULT 0,
+            controller_pid INTEGER,
+            controller_host TEXT,
+            controller_lease_until REAL
+        )
+        """,
+        "CREATE INDEX runs_by_created ON runs (created_at)",
+        """
+        CREATE TABLE tasks (
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            step TEXT NOT NULL,
+            ord INTEGER NOT NULL,
+            state TEXT NOT NULL CHECK (state IN
+                ('PENDING','RUNNING','RETRYING','PARKED','SUCCEEDED','FAILED','CANCELLED')),
+            epoch INTEGER NOT NULL DEFAULT 0,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            failures INTEGER NOT NULL DEFAULT 0,
+            pid INTEGER,
+            host TEXT,
+            lease_until REAL,
+            progress_done REAL,
+            progress_total REAL,
+            output_ref TEXT,
+            error TEXT,
+            next_attempt_at REAL,
+            started_at REAL,
+            finished_at REAL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (run_id, step)
+        )
+        """,
+        """
+        CREATE TABLE checkpoints (
+            run_id TEXT NOT NULL,
+            step TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            epoch INTEGER NOT NULL,
+            path TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            position TEXT NOT NULL,
+            nbytes INTEGER NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('committed','quarantined','pruned')),
+            PRIMARY KEY (run_id, step, seq),
+            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
+        )
+        """,
+        """
+        CREATE TABLE events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
+            step TEXT,
+            time REAL NOT NULL,
+            actor TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            from_state TEXT,
+            to_state TEXT,
+            reason TEXT NOT NULL,
+            data TEXT NOT NULL
+        )
+        """,
+        "CREATE INDEX events_by_run ON events (run_id, id)",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1,)
+LATEST = MIGRATIONS[-1].version
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+def _too_new(label: str, found: int, known: int) -> StoreError:
+    return StoreError(
+        f"metadata store {label} has schema version {found}, newer than this segue "
+        f"supports ({known}); upgrade segue"
+    )
+
+
+def migrate(
+    conn: sqlite3.Connection, label: str, migrations: tuple[Migration, ...] = MIGRATIONS
+) -> int:
+    """Bring the database up to the newest version; return that version.
+
+    ``conn`` must be in autocommit mode (``isolation_level=None``). Raises
+    StoreError if the database is newer than ``migrations`` know. A failing
+    migration rolls back every step of this call, leaving the old version.
+    """
+    known = migrations[-1].version if migrations else 0
+    found = schema_version(conn)
+    if found == known:  # fast path: no write lock for an up-to-date database
+        return found
+    if found > known:
+        raise _too_new(label, found, known)
+    # IMMEDIATE takes the write lock before reading the version, so a second
+    # process racing to migrate waits here and then sees the new version.
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = schema_version(conn)
+        if found > known:
+            raise _too_new(label, found, known)
+        for m in migrations:
+            if m.version <= found:
+                continue
+            for stmt in m.statements:
+                conn.execute(stmt)
+            # PRAGMA takes no bound parameters; m.version is an int from this module.
+            conn.execute(f"PRAGMA user_version = {int(m.version)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return known

@@ -1,0 +1,738 @@
+"""The SQLite metadata store: the default backend, one database file per home.
+
+Each public method is one explicit transaction: writes take ``BEGIN IMMEDIATE``,
+validate the state change and the fencing epoch, write the row and its event,
+then commit; any exception rolls everything back. Values are always bound
+parameters. This module must never hold a connection across threads or
+processes: each thread (of each process) opens its own, lazily.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .._canon import canonical_json
+from .._faults import fault_point
+from ..errors import (
+    ControllerConflictError,
+    FencedError,
+    IllegalTransitionError,
+    RunExistsError,
+    StoreError,
+    UnknownRunError,
+)
+from ..states import Actor, RunState, TaskState, check_run, check_task
+from .base import (
+    CheckpointRecord,
+    Event,
+    Heartbeat,
+    NewRun,
+    RunRecord,
+    Store,
+    TaskRecord,
+    now,
+)
+from .migrations import migrate
+
+BUSY_TIMEOUT_S = 30.0
+CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
+
+# Task columns a write may set. Column names are formatted into SQL, so they
+# must come from this fixed set, never from a caller.
+_TASK_COLUMNS = frozenset(
+    {
+        "state", "epoch", "attempts", "failures", "pid", "host", "lease_until",
+        "progress_done", "progress_total", "output_ref", "error", "next_attempt_at",
+        "started_at", "finished_at", "updated_at",
+    }
+)
+# Leaving RUNNING drops the attempt's claim on the task.
+_NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
+
+
+class SQLiteStore(Store):
+    """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._local = threading.local()
+        # Open (and migrate) now, so a database that is too new or unreadable
+        # fails at construction rather than at the first query.
+        self._conn()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self.path),))
+
+    def __repr__(self) -> str:
+        return f"SQLiteStore({str(self.path)!r})"
+
+    # -- connections and transactions ------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        # After fork() the child inherits the parent's thread-local connection;
+        # sharing an SQLite connection across processes corrupts its locking,
+        # so the child opens its own and leaves the inherited one alone.
+        if conn is None or self._local.pid != os.getpid():
+            conn = self._open()
+            self._local.conn = conn
+            self._local.pid = os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True
+            )
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open metadata store {self.path}: {e}") from e
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            _set_wal(conn)
+            # FULL, not NORMAL: a commit here is what records that a checkpoint
+            # exists or that an output was published, and exactly-once output
+            # needs that commit to survive power loss. In WAL mode, NORMAL skips
+            # the fsync at commit and can lose the last transactions on a crash
+            # of the machine (not of the process).
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            migrate(conn, str(self.path))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def close(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and self._local.pid == os.getpid():
+            conn.close()
+        self._local.conn = None
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """A write transaction. IMMEDIATE takes the write lock up front, so two
+        processes never both hold read locks and deadlock upgrading them."""
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            # Tests kill or fail the process here to prove that a write cut off
+            # before COMMIT leaves no trace and no lock behind.
+            fault_point("store.before_commit")
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every query inside sees the same snapshot."""
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    # -- runs ------------------------------------------------------------------
+    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: Actor) -> RunRecord:
+        steps = list(steps)
+        dup = sorted({s for s in steps if steps.count(s) > 1})
+        if dup:
+            raise ValueError(f"run {run.run_id!r}: step names must be unique; repeated: {dup}")
+        t = now()
+        with self._write() as conn:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run.run_id,)).fetchone():
+                raise RunExistsError(run.run_id)
+            conn.execute(
+                "INSERT INTO runs (run_id, flow_name, flow_path, params, fingerprint, options,"
+                " state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run.run_id, run.flow_name, run.flow_path, canonical_json(run.params),
+                    canonical_json(run.fingerprint), canonical_json(run.options),
+                    RunState.PENDING.value, t, t,
+                ),
+            )
+            conn.executemany(
+                "INSERT INTO tasks (run_id, step, ord, state, updated_at) VALUES (?, ?, ?, ?, ?)",
+                [(run.run_id, s, i, TaskState.PENDING.value, t) for i, s in enumerate(steps)],
+            )
+            _insert_event(
+                conn, run.run_id, "run", actor=actor, reason="run created", t=t,
+                to_state=RunState.PENDING, data={"steps": steps},
+            )
+            return _run_record(_fetch_run(conn, run.run_id))
+
+    def get_run(self, run_id: str) -> RunRecord:
+        with self._read() as conn:
+            return _run_record(_fetch_run(conn, run_id))
+
+    def list_runs(self) -> list[RunRecord]:
+        with self._read() as conn:
+            rows = conn.execute("SELECT * FROM runs ORDER BY created_at DESC, rowid DESC")
+            return [_run_record(r) for r in rows]
+
+    def transition_run(
+        self,
+        run_id: str,
+        to: RunState,
+        *,
+        actor: Actor,
+        reason: str,
+        only_from: Collection[RunState] | None = None,
+        controller_epoch: int | None = None,
+    ) -> RunRecord:
+        to = RunState(to)
+        with self._write() as conn:
+            row = _fetch_run(conn, run_id)
+            if controller_epoch is not None:
+                _check_controller_epoch(run_id, row, controller_epoch)
+            cur = RunState(row["state"])
+            if cur == to:
+                return _run_record(row)
+            check_run(cur, to)
+            if only_from is not None and cur not in only_from:
+                allowed = ", ".join(sorted(RunState(s).value for s in only_from))
+                raise IllegalTransitionError(
+                    "a run", cur.value, to.value, f"this change is only allowed from {allowed}"
+                )
+            t = now()
+            conn.execute(
+                "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",
+                (to.value, t, run_id),
+            )
+            _insert_event(
+                conn, run_id, "run", actor=actor, reason=reason, t=t,
+                from_state=cur, to_state=to,
+            )
+            return _run_record(_fetch_run(conn, run_id))
+
+    # -- controller lease ------------------------------------------------------
+    def acquire_controller(
+        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False
+    ) -> int:
+        with self._write() as conn:
+            row = _fetch_run(conn, run_id)
+            t = now()
+            lease = row["controller_lease_until"]
+            live = lease is not None and lease > t
+            if live and not steal:
+                raise ControllerConflictError(
+                    f"run {run_id!r} is already driven by a live controller "
+                    f"(pid {row['controller_pid']} on host {row['controller_host']}, "
+                    f"lease until {_fmt_time(lease)}); wait for it, pause the run, "
+                    "or stop that process"
+                )
+            epoch = int(row["controller_epoch"]) + 1
+            conn.execute(
+                "UPDATE runs SET controller_epoch = ?, controller_pid = ?, controller_host = ?,"
+                " controller_lease_until = ?, updated_at = ? WHERE run_id = ?",
+                (epoch, pid, host, t + ttl_s, t, run_id),
+            )
+            data: dict[str, Any] = {
+                "epoch": epoch, "pid": pid, "host": host, "lease_until": t + ttl_s,
+            }
+            if live:
+                data["stolen_from"] = {
+                    "epoch": row["controller_epoch"],
+                    "pid": row["controller_pid"],
+                    "host": row["controller_host"],
+                }
+            _insert_event(
+                conn, run_id, "controller", actor=Actor.CONTROLLER, t=t, data=data,
+                reason="controller lease stolen" if live else "controller lease acquired",
+            )
+            return epoch
+
+    def renew_controller(self, run_id: str, epoch: int, ttl_s: float) -> RunRecord:
+        with self._write() as conn:
+            row = _fetch_run(conn, run_id)
+            _check_controller_epoch(run_id, row, epoch)
+            t = now()
+            conn.execute(
+                "UPDATE runs SET controller_lease_until = ?, updated_at = ? WHERE run_id = ?",
+                (t + ttl_s, t, run_id),
+            )
+            return _run_record(_fetch_run(conn, run_id))
+
+    def release_controller(self, run_id: str, epoch: int) -> None:
+        with self._write() as conn:
+            row = _fetch_run(conn, run_id)
+            if row["controller_epoch"] != epoch or row["controller_lease_until"] is None:
+                return  # superseded or already released: nothing of ours to give up
+            t = now()
+            conn.execute(
+                "UPDATE runs SET controller_pid = NULL, controller_host = NULL,"
+                " controller_lease_until = NULL, updated_at = ? WHERE run_id = ?",
+                (t, run_id),
+            )
+            _insert_event(
+                conn, run_id, "controller", actor=Actor.CONTROLLER, t=t,
+                reason="controller lease released", data={"epoch": epoch},
+            )
+
+    # -- tasks -----------------------------------------------------------------
+    def get_tasks(self, run_id: str) -> list[TaskRecord]:
+        with self._read() as conn:
+            _fetch_run(conn, run_id)
+            rows = conn.execute("SELECT * FROM tasks WHERE run_id = ? ORDER BY ord", (run_id,))
+            return [_task_record(r) for r in rows]
+
+    def get_task(self, run_id: str, step: str) -> TaskRecord:
+        with self._read() as conn:
+            return _task_record(_fetch_task(conn, run_id, step))
+
+    def transition_task(
+        self,
+        run_id: str,
+        step: str,
+        to: TaskState,
+        *,
+        actor: Actor,
+        reason: str,
+        epoch: int | None = None,
+        only_from: Collection[TaskState] | None = None,
+        count_failure: bool = False,
+        error: str | None = None,
+        next_attempt_at: float | None = None,
+        reset_failures: bool = False,
+    ) -> TaskRecord:
+        to = TaskState(to)
+        if to == TaskState.RUNNING:
+            # A RUNNING task without a new epoch would let the previous
+            # attempt's zombie write again: fencing needs start_attempt.
+            raise ValueError(
+                f"step {step!r} in run {run_id!r}: use start_attempt to move a task to RUNNING; "
+                "it raises the epoch that fences older attempts"
+            )
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            if epoch is not None:
+                _check_epoch(run_id, step, row, epoch)
+            cur = TaskState(row["state"])
+            check_task(cur, to)
+            if only_from is not None and cur not in only_from:
+                allowed = ", ".join(sorted(TaskState(s).value for s in only_from))
+                raise IllegalTransitionError(
+                    "a task", cur.value, to.value, f"this change is only allowed from {allowed}"
+                )
+            t = now()
+            failures = 0 if reset_failures else int(row["failures"])
+            changes: dict[str, Any] = {
+                "state": to.value,
+                "failures": failures + (1 if count_failure else 0),
+                # The backoff deadline only means something while RETRYING.
+                "next_attempt_at": next_attempt_at if to == TaskState.RETRYING else None,
+                "finished_at": t if to.done else None,
+                "updated_at": t,
+            }
+            if error is not None:
+                changes["error"] = error
+            if cur == TaskState.RUNNING:
+                changes.update(_NO_ATTEMPT)
+            _update_task(conn, run_id, step, changes)
+            data: dict[str, Any] = {"epoch": row["epoch"]}
+            if error is not None:
+                data["error"] = error
+            _insert_event(
+                conn, run_id, "task", step=step, actor=actor, reason=reason, t=t,
+                from_state=cur, to_state=to, data=data,
+            )
+            return _task_record(_fetch_task(conn, run_id, step))
+
+    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            cur = TaskState(row["state"])
+            # The table allows RUNNING only from PENDING and RETRYING.
+            check_task(cur, TaskState.RUNNING)
+            t = now()
+            epoch = int(row["epoch"]) + 1
+            attempts = int(row["attempts"]) + 1
+            _update_task(
+                conn, run_id, step,
+                {
+                    "state": TaskState.RUNNING.value,
+                    "epoch": epoch,
+                    "attempts": attempts,
+                    "pid": None,
+                    "host": None,
+                    "lease_until": t + ttl_s,
+                    "next_attempt_at": None,
+                    "started_at": row["started_at"] if row["started_at"] is not None else t,
+                    "finished_at": None,
+                    "updated_at": t,
+                },
+            )
+            _insert_event(
+                conn, run_id, "task", step=step, actor=actor, t=t,
+                reason=f"attempt {attempts} started", from_state=cur,
+                to_state=TaskState.RUNNING, data={"epoch": epoch, "attempt": attempts},
+            )
+            return _task_record(_fetch_task(conn, run_id, step))
+
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            _check_epoch(run_id, step, row, epoch, need_running=True)
+            _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": now()})
+
+    def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            _check_epoch(run_id, step, row, epoch, need_running=True)
+            t = now()
+            lease = t + ttl_s
+            _update_task(conn, run_id, step, {"lease_until": lease, "updated_at": t})
+            run_state = RunState(_fetch_run(conn, run_id)["state"])
+            return Heartbeat(run_state=run_state, lease_until=lease)
+
+    def report_progress(
+        self, run_id: str, step: str, epoch: int, done: float, total: float | None
+    ) -> None:
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            _check_epoch(run_id, step, row, epoch)
+            _update_task(
+                conn, run_id, step,
+                {"progress_done": done, "progress_total": total, "updated_at": now()},
+            )
+
+    def commit_checkpoint(
+        self,
+        run_id: str,
+        step: str,
+        epoch: int,
+        *,
+        seq: int,
+        path: str,
+        position: Any,
+        nbytes: int,
+    ) -> CheckpointRecord:
+        position_json = canonical_json(position)
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            _check_epoch(run_id, step, row, epoch)
+            newest = conn.execute(
+                "SELECT MAX(seq) FROM checkpoints WHERE run_id = ? AND step = ?", (run_id, step)
+            ).fetchone()[0]
+            if newest is not None and seq <= newest:
+                raise StoreError(
+                    f"checkpoint seq {seq} of step {step!r} in run {run_id!r} does not exceed "
+                    f"the newest recorded seq {newest}; each checkpoint needs a larger seq"
+                )
+            t = now()
+            conn.execute(
+                "INSERT INTO checkpoints (run_id, step, seq, epoch, path, created_at, position,"
+                " nbytes, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'committed')",
+                (run_id, step, seq, epoch, path, t, position_json, nbytes),
+            )
+            _insert_event(
+                conn, run_id, "checkpoint", step=step, actor=Actor.WORKER, t=t,
+                reason=f"checkpoint {seq} committed",
+                data={
+                    "seq": seq, "epoch": epoch, "path": path,
+                    "position": position, "nbytes": nbytes,
+                },
+            )
+            return _checkpoint_record(
+                conn.execute(
+                    "SELECT * FROM checkpoints WHERE run_id = ? AND step = ? AND seq = ?",
+                    (run_id, step, seq),
+                ).fetchone()
+            )
+
+    def list_checkpoints(
+        self, run_id: str, step: str | None = None, *, statuses: Collection[str] = ("committed",)
+    ) -> list[CheckpointRecord]:
+        wanted = sorted(set(statuses))
+        with self._read() as conn:
+            if step is None:
+                _fetch_run(conn, run_id)
+            else:
+                _fetch_task(conn, run_id, step)
+            if not wanted:
+                return []
+            # Only the number of placeholders is formatted in; values stay bound.
+            marks = ", ".join("?" for _ in wanted)
+            sql = (
+                "SELECT c.* FROM checkpoints c JOIN tasks t"
+                " ON t.run_id = c.run_id AND t.step = c.step"
+                f" WHERE c.run_id = ? AND c.status IN ({marks})"
+            )
+            params: list[Any] = [run_id, *wanted]
+            if step is not None:
+                sql += " AND c.step = ?"
+                params.append(step)
+            sql += " ORDER BY t.ord, c.seq DESC"
+            return [_checkpoint_record(r) for r in conn.execute(sql, params)]
+
+    def set_checkpoint_status(
+        self, run_id: str, step: str, seq: int, status: str, *, actor: Actor, reason: str
+    ) -> None:
+        if status not in CHECKPOINT_STATUSES:
+            raise ValueError(
+                f"checkpoint status must be one of {sorted(CHECKPOINT_STATUSES)}, not {status!r}"
+            )
+        with self._write() as conn:
+            _fetch_task(conn, run_id, step)
+            row = conn.execute(
+                "SELECT status FROM checkpoints WHERE run_id = ? AND step = ? AND seq = ?",
+                (run_id, step, seq),
+            ).fetchone()
+            if row is None:
+                raise StoreError(f"run {run_id!r} has no checkpoint {seq} of step {step!r}")
+            if row["status"] == status:
+                return
+            t = now()
+            conn.execute(
+                "UPDATE checkpoints SET status = ? WHERE run_id = ? AND step = ? AND seq = ?",
+                (status, run_id, step, seq),
+            )
+            _insert_event(
+                conn, run_id, "checkpoint", step=step, actor=actor, reason=reason, t=t,
+                from_state=row["status"], to_state=status, data={"seq": seq},
+            )
+
+    def complete_task(
+        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: Actor
+    ) -> TaskRecord:
+        with self._write() as conn:
+            row = _fetch_task(conn, run_id, step)
+            _check_epoch(run_id, step, row, epoch)
+            cur = TaskState(row["state"])
+            check_task(cur, TaskState.SUCCEEDED)  # the table allows it only from RUNNING
+            t = now()
+            _update_task(
+                conn, run_id, step,
+                {
+                    "state": TaskState.SUCCEEDED.value,
+                    "output_ref": output_ref,
+                    "next_attempt_at": None,
+                    "finished_at": t,
+                    "updated_at": t,
+                    **_NO_ATTEMPT,
+                },
+            )
+            _insert_event(
+                conn, run_id, "task", step=step, actor=actor, t=t, reason="output committed",
+                from_state=cur, to_state=TaskState.SUCCEEDED,
+                data={"epoch": epoch, "output_ref": output_ref},
+            )
+            return _task_record(_fetch_task(conn, run_id, step))
+
+    # -- events ----------------------------------------------------------------
+    def append_event(
+        self,
+        run_id: str,
+        kind: str,
+        *,
+        actor: Actor,
+        reason: str,
+        step: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> Event:
+        with self._write() as conn:
+            if step is None:
+                _fetch_run(conn, run_id)
+            else:
+                _fetch_task(conn, run_id, step)
+            return _insert_event(
+                conn, run_id, kind, step=step, actor=actor, reason=reason, t=now(), data=data
+            )
+
+    def list_events(self, run_id: str, *, after_id: int = 0) -> list[Event]:
+        with self._read() as conn:
+            _fetch_run(conn, run_id)
+            rows = conn.execute(
+                "SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id", (run_id, after_id)
+            )
+            return [_event(r) for r in rows]
+
+
+# -- helpers: connection setup ----------------------------------------------------
+def _set_wal(conn: sqlite3.Connection) -> None:
+    """Switch to WAL. The switch needs an exclusive lock; when another process is
+    opening the same fresh file at that moment it can fail with 'locked' even
+    with a busy timeout, so retry for as long as the timeout allows."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL").fetchone()
+            return
+        except sqlite3.OperationalError as e:
+            if "locked" not in str(e) or time.monotonic() > deadline:
+                raise StoreError(f"cannot switch the metadata store to WAL mode: {e}") from e
+            time.sleep(0.01)
+
+
+def _fmt_time(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+# -- helpers: reads and checks inside a transaction ---------------------------------
+def _fetch_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+    if row is None:
+        raise UnknownRunError(run_id)
+    return row
+
+
+def _fetch_task(conn: sqlite3.Connection, run_id: str, step: str) -> sqlite3.Row:
+    row = conn.execute(
+        "SELECT * FROM tasks WHERE run_id = ? AND step = ?", (run_id, step)
+    ).fetchone()
+    if row is None:
+        _fetch_run(conn, run_id)  # UnknownRunError if the run is the missing part
+        raise StoreError(f"run {run_id!r} has no step {step!r}")
+    return row
+
+
+def _check_epoch(
+    run_id: str, step: str, row: sqlite3.Row, epoch: int, *, need_running: bool = False
+) -> None:
+    cur = int(row["epoch"])
+    if cur != epoch:
+        raise FencedError(
+            f"attempt epoch {epoch} of step {step!r} in run {run_id!r} was superseded by "
+            f"epoch {cur}; this attempt must stop"
+        )
+    if need_running and row["state"] != TaskState.RUNNING.value:
+        # Someone (pause deadline, failure detector) took the task from this
+        # attempt without starting a new one; it must not re-claim a lease.
+        raise FencedError(
+            f"attempt epoch {epoch} of step {step!r} in run {run_id!r} no longer holds "
+            f"the task (now {row['state']}); this attempt must stop"
+        )
+
+
+def _check_controller_epoch(run_id: str, row: sqlite3.Row, epoch: int) -> None:
+    cur = int(row["controller_epoch"])
+    if cur != epoch:
+        raise FencedError(
+            f"controller epoch {epoch} of run {run_id!r} was superseded by epoch {cur}; "
+            "this controller must stop"
+        )
+
+
+# -- helpers: writes inside a transaction -------------------------------------------
+def _update_task(
+    conn: sqlite3.Connection, run_id: str, step: str, changes: dict[str, Any]
+) -> None:
+    bad = set(changes) - _TASK_COLUMNS
+    if bad:
+        raise ValueError(f"not task columns: {sorted(bad)}")
+    cols = ", ".join(f"{c} = ?" for c in changes)
+    conn.execute(
+        f"UPDATE tasks SET {cols} WHERE run_id = ? AND step = ?",
+        (*changes.values(), run_id, step),
+    )
+
+
+def _insert_event(
+    conn: sqlite3.Connection,
+    run_id: str,
+    kind: str,
+    *,
+    actor: Actor | str,
+    reason: str,
+    t: float,
+    step: str | None = None,
+    from_state: str | None = None,
+    to_state: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> Event:
+    data = dict(data or {})
+    frm = None if from_state is None else str(from_state)
+    to = None if to_state is None else str(to_state)
+    cur = conn.execute(
+        "INSERT INTO events (run_id, step, time, actor, kind, from_state, to_state, reason, data)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (run_id, step, t, str(actor), kind, frm, to, reason, canonical_json(data)),
+    )
+    if cur.lastrowid is None:  # pragma: no cover - sqlite always sets it for an INSERT
+        raise StoreError("event insert returned no id")
+    return Event(
+        id=cur.lastrowid, run_id=run_id, step=step, time=t, actor=str(actor), kind=kind,
+        from_state=frm, to_state=to, reason=reason, data=json.loads(canonical_json(data)),
+    )
+
+
+# -- helpers: rows to records ---------------------------------------------------------
+def _run_record(r: sqlite3.Row) -> RunRecord:
+    return RunRecord(
+        run_id=r["run_id"],
+        flow_name=r["flow_name"],
+        flow_path=r["flow_path"],
+        params=json.loads(r["params"]),
+        fingerprint=json.loads(r["fingerprint"]),
+        options=json.loads(r["options"]),
+        state=RunState(r["state"]),
+        created_at=r["created_at"],
+        updated_at=r["updated_at"],
+        controller_epoch=r["controller_epoch"],
+        controller_pid=r["controller_pid"],
+        controller_host=r["controller_host"],
+        controller_lease_until=r["controller_lease_until"],
+    )
+
+
+def _task_record(r: sqlite3.Row) -> TaskRecord:
+    return TaskRecord(
+        run_id=r["run_id"],
+        step=r["step"],
+        state=TaskState(r["state"]),
+        epoch=r["epoch"],
+        attempts=r["attempts"],
+        failures=r["failures"],
+        pid=r["pid"],
+        host=r["host"],
+        lease_until=r["lease_until"],
+        progress_done=r["progress_done"],
+        progress_total=r["progress_total"],
+        output_ref=r["output_ref"],
+        error=r["error"],
+        next_attempt_at=r["next_attempt_at"],
+        started_at=r["started_at"],
+        finished_at=r["finished_at"],
+        updated_at=r["updated_at"],
+    )
+
+
+def _checkpoint_record(r: sqlite3.Row) -> CheckpointRecord:
+    return CheckpointRecord(
+        run_id=r["run_id"],
+        step=r["step"],
+        seq=r["seq"],
+        epoch=r["epoch"],
+        path=r["path"],
+        created_at=r["created_at"],
+        position=json.loads(r["position"]),
+        nbytes=r["nbytes"],
+        status=r["status"],
+    )
+
+
+def _event(r: sqlite3.Row) -> Event:
+    return Event(
+        id=r["id"],
+        run_id=r["run_id"],
+        step=r["step"],
+        time=r["time"],
+        actor=r["actor"],
+        kind=r["kind"],
+        from_state=r["from_state"],
+        to_state=r["to_state"],
+        reason=r["reason"],
+        data=json.loads(r["data"]),
+    )

@@ -1,0 +1,36 @@
+"""Small builders shared by the store tests (and the race worker script)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from segue.states import Actor
+from segue.store import NewRun, RunRecord, Store
+
+STEPS = ("load", "train", "eval")
+
+
+def new_run(run_id: str = "r1") -> NewRun:
+    return NewRun(
+        run_id=run_id,
+        flow_name="demo",
+        flow_path="/flows/demo.py",
+        params={"lr": 0.1, "layers": [1, 2], "name": "ü"},
+        fingerprint={"code": "abc123"},
+        options={"retries": 2},
+    )
+
+
+def make_run(store: Store, run_id: str = "r1", steps: Sequence[str] = STEPS) -> RunRecord:
+    return store.create_run(new_run(run_id), steps, actor=Actor.CLI)
+
+
+def snapshot(store: Store, run_id: str = "r1") -> tuple:
+    """Everything the store holds about a run, for 'nothing changed' checks."""
+    statuses = ("committed", "quarantined", "pruned")
+    return (
+        store.get_run(run_id),
+        store.get_tasks(run_id),
+        store.list_checkpoints(run_id, statuses=statuses),
+        store.list_events(run_id),
+    )
