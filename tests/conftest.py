@@ -78,8 +78,17 @@ def segue(tmp_path: Path) -> Segue:
 
 
 @pytest.fixture(scope="session")
-def counter_reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The output of one uninterrupted run of the counter flow (sleep 0 for speed)."""
+def counter_ref(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dict[str, Any]]:
+    """Outputs of uninterrupted runs of the counter flow, by its parameter n (cached)."""
     s = Segue(tmp_path_factory.mktemp("ref") / "home")
-    s("run", str(FLOWS / "counter.py"), "--run-id", "ref", "-p", "sleep=0", check=True)
-    return {"count": s.output("ref", "count"), "report": s.output("ref", "report")}
+    cache: dict[int, dict[str, Any]] = {}
+
+    def ref(n: int) -> dict[str, Any]:
+        if n not in cache:
+            run = f"ref{n}"
+            s("run", str(FLOWS / "counter.py"), "--run-id", run, "-p", f"n={n}", "-p", "sleep=0",
+              check=True)
+            cache[n] = {"count": s.output(run, "count"), "report": s.output(run, "report")}
+        return cache[n]
+
+    return ref

@@ -6,6 +6,10 @@ arms two points. Actions: ``kill`` (SIGKILL this process), ``raise``
 (SIGSTOP this process). The optional count fires the action on the N-th hit
 only (1-based), so a test can kill at "the third checkpoint".
 
+``SEGUE_FAULTS_IN=worker`` (or ``controller``) arms them only in processes of
+that role, and ``SEGUE_FAULTS_EPOCHS=1,3`` only in the attempts with those
+epochs, so a test can kill the first attempt and let the retry succeed.
+
 Unarmed points cost one dict lookup: they are safe to leave in hot paths.
 """
 
@@ -58,3 +62,13 @@ def fault_point(name: str) -> None:
     elif action == "exit":
         os._exit(70)
     raise InjectedFault(f"injected fault at {name}")
+
+
+def set_role(role: str, epoch: int | None = None) -> None:
+    """Declare what this process is; disarms the points not meant for it."""
+    roles = os.environ.get("SEGUE_FAULTS_IN")
+    epochs = os.environ.get("SEGUE_FAULTS_EPOCHS")
+    if roles is not None and role not in roles.split(","):
+        rearm("")
+    elif epochs is not None and epoch is not None and str(epoch) not in epochs.split(","):
+        rearm("")

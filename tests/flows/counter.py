@@ -39,7 +39,7 @@ def count(ctx):
     return {"acc": state["acc"], "i": state["i"], "hist": state["hist"]}
 
 
-@flow.step(after=[count])
+@flow.step(after=[count], retries=2)
 def report(ctx):
     got = ctx.inputs["count"]
     return {"acc2": got["acc"] * 2, "n": int(got["i"])}

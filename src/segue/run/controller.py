@@ -10,6 +10,7 @@ dies, ``segue resume`` builds a new one from the store.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from .. import _faults
 from ..errors import FencedError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..flow.model import StepSpec
@@ -100,6 +102,7 @@ class Controller:
     interrupts: Interrupts = field(default_factory=Interrupts)
 
     def __post_init__(self) -> None:
+        _faults.set_role("controller")
         self.host = socket.gethostname()
         self.epoch = 0
         self.attempts: dict[str, _Attempt] = {}
@@ -374,9 +377,9 @@ class Controller:
             return
         if a.killed_for == "cancel":
             return
-        error = self._describe_exit(a, code)
+        error, retryable = self._describe_exit(a, code)
         retries = self.steps[a.step].retries
-        if t.failures + 1 <= retries:
+        if retryable and t.failures + 1 <= retries:
             delay = self.options.backoff(t.failures + 1)
             self.store.transition_task(
                 self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
@@ -386,18 +389,19 @@ class Controller:
         else:
             self.store.transition_task(
                 self.run_id, a.step, TaskState.FAILED, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
-                reason=f"{error}; retries exhausted ({retries})", count_failure=True, error=error,
+                reason=f"{error}; " + (f"retries exhausted ({retries})" if retryable else "not retryable"),
+                count_failure=True, error=error,
             )
 
-    def _describe_exit(self, a: _Attempt, code: int) -> str:
+    def _describe_exit(self, a: _Attempt, code: int) -> tuple[str, bool]:
+        """What went wrong, and whether a retry can help."""
         if a.killed_for == "lease":
-            return f"attempt epoch {a.epoch} stopped heartbeating (lease expired); killed"
+            return f"attempt epoch {a.epoch} stopped heartbeating (lease expired); killed", True
         report = exit_report_path(self.home, self.run_id, a.step, a.epoch)
         if report.exists():
-            import json
-
             try:
-                return str(json.loads(report.read_text())["error"])
+                doc = json.loads(report.read_text())
+                return str(doc["error"]), bool(doc.get("retryable", True))
             except (ValueError, KeyError, OSError):
                 pass
         if code < 0:
@@ -405,5 +409,5 @@ class Controller:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"worker process was killed by {name}"
-        return f"worker process exited with code {code}"
+            return f"worker process was killed by {name}", True
+        return f"worker process exited with code {code}", True

@@ -14,7 +14,7 @@ class RunOptions:
     pause_deadline_s: float = 30.0  # cooperative pause; past it the attempt is killed
     pause_on_failure: bool = False  # retries exhausted -> PAUSED instead of FAILED
     lease_ttl_s: float = 10.0  # worker and controller leases
-    backoff_base_s: float = 0.5  # retry n waits base * 2**(n-1), capped
+    backoff_base_s: float = 0.25  # retry n waits base * 2**(n-1), capped
     backoff_max_s: float = 30.0
     max_parallel_cpus: float = 0.0  # 0: this machine's CPU count
 
@@ -38,10 +38,19 @@ class RunOptions:
 
     @classmethod
     def from_env(cls, **overrides: Any) -> RunOptions:
-        """Defaults, then SEGUE_LEASE_TTL_S from the environment, then explicit overrides."""
+        """Defaults, then ``SEGUE_<OPTION>`` variables (e.g. SEGUE_LEASE_TTL_S), then overrides."""
         base: dict[str, Any] = {}
-        if "SEGUE_LEASE_TTL_S" in os.environ:
-            base["lease_ttl_s"] = float(os.environ["SEGUE_LEASE_TTL_S"])
+        for f in fields(cls):
+            raw = os.environ.get(f"SEGUE_{f.name.upper()}")
+            if raw is None:
+                continue
+            if f.type == "bool":
+                base[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
+            else:
+                try:
+                    base[f.name] = float(raw)
+                except ValueError:
+                    raise UsageError(f"SEGUE_{f.name.upper()}={raw!r} must be a number") from None
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -25,7 +25,7 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._canon import digest
-from ..errors import FencedError
+from ..errors import FencedError, NoValidCheckpointError
 from ..flow import load_flow
 from ..home import Home, output_path
 from ..states import Actor, RunState, TaskState
@@ -94,9 +94,9 @@ class Heartbeat(threading.Thread):
                 log.warning("heartbeat failed: %s", exc)
 
 
-def _write_exit_report(path: Path, error: str, tb: str) -> None:
+def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"error": error, "traceback": tb}))
+    tmp.write_text(json.dumps({"error": error, "traceback": tb, "retryable": retryable}))
     os.replace(tmp, path)
 
 
@@ -114,10 +114,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     signal.signal(signal.SIGTERM, on_pause_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the controller
     _die_with_parent(parent_pid)
-    # Tests arm faults for chosen attempts only, so the retry can succeed.
-    only = os.environ.get("SEGUE_FAULTS_EPOCHS")
-    if only is not None and str(epoch) not in only.split(","):
-        _faults.rearm("")
+    _faults.set_role("worker", epoch)
 
     store = home.open_store()
     storage = home.storage()
@@ -167,8 +164,11 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     except FencedError:
         return EXIT_FENCED
     except BaseException as exc:  # report everything, including KeyboardInterrupt
+        # A retry cannot fix a step whose every checkpoint is bad: it would
+        # silently start from scratch. Only the operator's resume may do that.
+        retryable = not isinstance(exc, NoValidCheckpointError)
         _write_exit_report(exit_report_path(home, run_id, step, epoch),
-                           f"{type(exc).__name__}: {exc}", traceback.format_exc())
+                           f"{type(exc).__name__}: {exc}", traceback.format_exc(), retryable)
         traceback.print_exc()
         return EXIT_FAILED
     finally:

@@ -1,0 +1,117 @@
+"""`segue ckpt ls|inspect|verify|prune PATH`: a thin shell over segue.checkpoint.catalog.
+
+PATH is a local directory or an fsspec URL: a checkpoint, or a directory of them.
+This module only parses and prints. Wire it with ``ckpt.add_parser(sub)`` and
+``COMMANDS["ckpt"] = ckpt.cmd_ckpt``. Exit codes: 0 ok, 1 a checkpoint failed
+verification, 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from ..checkpoint import catalog
+from ..checkpoint.io import list_dir_checkpoints, read_manifest
+from ..checkpoint.retention import RetentionPolicy, prune
+from ..errors import UsageError
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "ckpt", help="list, inspect, verify and prune checkpoints in a directory or URL"
+    )
+    sub = p.add_subparsers(dest="ckpt_cmd", required=True)
+    ls = sub.add_parser("ls", help="list the checkpoints under PATH")
+    ls.add_argument("path")
+    ls.add_argument("--json", action="store_true")
+    ins = sub.add_parser("inspect", help="tree, dtypes and sizes of a checkpoint (or the newest)")
+    ins.add_argument("path")
+    ins.add_argument("--json", action="store_true")
+    ver = sub.add_parser("verify", help="check every hash of a checkpoint, or of all under PATH")
+    ver.add_argument("path")
+    pr = sub.add_parser("prune", help="delete checkpoints the retention policy does not keep")
+    pr.add_argument("path")
+    pr.add_argument("--keep-last", type=int, required=True, metavar="N")
+    pr.add_argument("--keep-every", type=int, default=None, metavar="K")
+    pr.add_argument("--dry-run", action="store_true")
+    pr.add_argument("--grace", type=float, default=600.0, metavar="S",
+                    help="keep unreferenced blobs younger than this (default 600 s)")
+    return p
+
+
+def cmd_ls(a: argparse.Namespace) -> int:
+    storage, rel, is_ckpt = catalog.locate(a.path)
+    rows = [catalog.summarize(storage, rel)] if is_ckpt else catalog.list_checkpoints(storage, rel)
+    if a.json:
+        print(json.dumps([r if isinstance(r, str) else r.__dict__ for r in rows], default=list))
+        return 0
+    for r in rows:
+        if isinstance(r, str):
+            print(f"BAD  {r}")
+        else:
+            tags = f"  tags={','.join(r.tags)}" if r.tags else ""
+            print(f"{r.path}  v{r.version}  step={r.step}  {r.nbytes} B  {r.nfiles} files  "
+                  f"{r.narrays} arrays  {r.created_at}{tags}")
+    return 0
+
+
+def cmd_inspect(a: argparse.Namespace) -> int:
+    storage, rel, is_ckpt = catalog.locate(a.path)
+    if not is_ckpt:
+        paths = list_dir_checkpoints(storage, rel)
+        if not paths:
+            raise UsageError(f"no checkpoint under {a.path}; pass a checkpoint or its directory")
+        rel = paths[-1]
+    m = read_manifest(storage, rel)
+    rows = catalog.describe_tree(m)
+    if a.json:
+        print(json.dumps({"path": rel, "version": m.version, "meta": m.meta,
+                          "files": {k: v.__dict__ for k, v in m.files.items()},
+                          "tree": dict(rows)}))
+        return 0
+    print(f"{rel}  format v{m.version}  created {m.created_at}  meta {json.dumps(m.meta)}")
+    for key, desc in rows:
+        print(f"  {key or '(root)'}: {desc}")
+    print(f"  files: {len(m.files)}, {sum(f.size for f in m.files.values())} B")
+    return 0
+
+
+def cmd_verify(a: argparse.Namespace) -> int:
+    storage, rel, is_ckpt = catalog.locate(a.path)
+    paths = [rel] if is_ckpt else list_dir_checkpoints(storage, rel)
+    bad = 0
+    for path, detail in catalog.verify_many(storage, paths):
+        print(f"ok   {path}" if detail is None else f"BAD  {path}: {detail}")
+        bad += detail is not None
+    return 1 if bad else 0
+
+
+def cmd_prune(a: argparse.Namespace) -> int:
+    storage, rel, is_ckpt = catalog.locate(a.path)
+    if is_ckpt:
+        raise UsageError(f"{a.path} is one checkpoint; prune takes the directory that holds them")
+    try:
+        policy = RetentionPolicy(keep_last=a.keep_last, keep_every=a.keep_every)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    report = prune(storage, rel, policy, grace_s=a.grace, dry_run=a.dry_run)
+    verb = "would delete" if a.dry_run else "deleted"
+    for path in report.plan.delete:
+        print(f"{verb} {path}")
+    for path in report.plan.keep:
+        print(f"kept {path} ({report.plan.reasons[path]})")
+    if report.gc is not None:
+        print(f"blobs: {verb} {len(report.gc.deleted)} ({report.gc.freed_bytes} B), "
+              f"kept {report.gc.kept_live} live, {report.gc.kept_pending} pending, "
+              f"{report.gc.kept_recent} recent")
+    return 0
+
+
+HANDLERS = {"ls": cmd_ls, "inspect": cmd_inspect, "verify": cmd_verify, "prune": cmd_prune}
+
+
+def cmd_ckpt(a: argparse.Namespace, home: object = None) -> int:
+    """Dispatch ``segue ckpt <sub>``; ``home`` is unused (paths are explicit)."""
+    return HANDLERS[a.ckpt_cmd](a)
