@@ -15,6 +15,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
+	# torch is optional; its tests skip with a reason when it cannot be installed.
+	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: torch tests will be skipped"
 	touch $@
 
 install: $(VENV)/.installed
