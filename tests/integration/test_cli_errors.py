@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import FLOWS, Segue
+from segue_helpers import FLOWS, Segue
 
 
 def one_line(err: str) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FLOWS, Segue, wait_for
+from segue_helpers import FLOWS, Segue, wait_for
 
 from segue.home import Home
 

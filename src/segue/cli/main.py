@@ -16,13 +16,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import ControllerConflictError, SegueError, UsageError
-from ..flow import load_flow, parse_overrides
+from ..flow import load_flow, parse_duration, parse_overrides
+from ..flow.model import parse_memory
 from ..home import Home
 from ..run import ops
 from ..run.controller import Interrupts
 from ..run.options import RunOptions
 from ..run.status import run_status
+from ..scheduler.policy import parse_priority
 from ..states import Actor, RunState
+from . import sched
 from .render import RunDisplay, event_line, fmt_time, print_json
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
@@ -49,6 +52,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a task may take to park before it is killed (default 30)")
     r.add_argument("--pause-on-failure", action="store_true",
                    help="pause instead of failing when a step exhausts its retries")
+    r.add_argument("--priority", default=None,
+                   help="urgent, high, normal (default) or batch, or an integer")
+    r.add_argument("--gpus", type=int, default=None, metavar="N",
+                   help="GPUs for the steps that use GPUs (all steps if none declares any)")
+    r.add_argument("--gpu-mem", default=None, metavar="SIZE", help="at least this much memory per GPU, e.g. 40GB")
+    r.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
+                   help="may be paused for higher-priority work (default: batch and normal yes)")
+    r.add_argument("--max-pause", default=None, metavar="DURATION",
+                   help="after this long paused by preemption, the run gains a priority class (aging)")
 
     sub.add_parser("ls", help="list runs").add_argument("--json", action="store_true")
     s = sub.add_parser("status", help="show a run")
@@ -72,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("checkpoints", help="a run's committed checkpoints")
     c.add_argument("run")
     c.add_argument("--json", action="store_true")
+    sched.add_parsers(sub)
     return p
 
 
@@ -90,8 +103,15 @@ def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> i
 
 
 def cmd_run(a: argparse.Namespace, home: Home) -> int:
-    opts = RunOptions.from_env(pause_deadline_s=a.pause_deadline,
-                               pause_on_failure=True if a.pause_on_failure else None)
+    opts = RunOptions.from_env(
+        pause_deadline_s=a.pause_deadline,
+        pause_on_failure=True if a.pause_on_failure else None,
+        priority=None if a.priority is None else parse_priority(a.priority),
+        gpus=a.gpus,
+        gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
+        preemptible=a.preemptible,
+        max_pause_s=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
+    )
     prepared = ops.prepare_run(a.flow, parse_overrides(a.param), run_id=a.run_id, options=opts)
     store = home.open_store()
     run = ops.create_run(store, prepared, actor=Actor.CLI)
@@ -110,6 +130,7 @@ def cmd_resume(a: argparse.Namespace, home: Home) -> int:
     loaded = load_flow(run.flow_path)
     ops.check_code(run, loaded, a.allow_code_change)
     ops.check_no_live_controller(run)
+    ops.clear_preemption(store, run.run_id)  # the operator resumes it now, not the scheduler
     if a.detach:
         print(ops.spawn_detached(home, run.run_id, allow_code_change=a.allow_code_change))
         return 0
@@ -201,6 +222,7 @@ def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
 
 
 COMMANDS = {
+    "queue": sched.cmd_queue, "pool": sched.cmd_pool,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
 }

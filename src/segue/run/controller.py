@@ -24,6 +24,7 @@ from ..errors import FencedError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..flow.model import StepSpec
 from ..home import Home
+from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import RunRecord, Store, TaskRecord
 from .options import RunOptions
@@ -69,6 +70,7 @@ class _Attempt:
     epoch: int
     handle: WorkerHandle
     started: float
+    started_wall: float
     pause_signalled: bool = False
     killed_for: str | None = None  # "pause-deadline" | "lease" | "stop" | "cancel"
 
@@ -110,6 +112,19 @@ class Controller:
         self._failure_pause_sent = False
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
+        self.sched = RunScheduler(
+            store=self.store,  # type: ignore[arg-type]  # SQLiteStore implements both contracts
+            run_id=self.run_id, steps=self.steps, host=self.host,
+            priority=self.options.priority, preemptible=self.options.is_preemptible,
+            max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
+            gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
+            spawn=self._spawn_controller,
+        )
+
+    def _spawn_controller(self, run_id: str) -> None:
+        from .ops import spawn_detached  # ops builds on this module
+
+        spawn_detached(self.home, run_id)
 
     # -- ownership -----------------------------------------------------------
     def acquire(self) -> None:
@@ -130,20 +145,23 @@ class Controller:
             self.store.release_controller(self.run_id, self.epoch)
 
     # -- start / resume --------------------------------------------------------
-    def prepare(self, reason: str) -> None:
+    def prepare(self, reason: str, actor: Actor | None = None) -> None:
         """Make the stored run runnable: adopt orphans, requeue parked and failed tasks."""
         run = self.store.get_run(self.run_id)
+        if run.state == RunState.PAUSED and self.sched.preempted() and actor is None:
+            return  # it waits, PAUSED, for capacity; the loop resumes it
+        who = actor or self.actor
         for t in self.store.get_tasks(self.run_id):
             if t.state == TaskState.RUNNING:
                 self._reclaim_orphan(t)
             elif t.state == TaskState.PARKED:
-                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=self.actor,
+                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=who,
                                            reason=reason)
             elif t.state == TaskState.FAILED:
-                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=self.actor,
+                self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=who,
                                            reason=reason, reset_failures=True)
         if run.state != RunState.RUNNING:
-            self.store.transition_run(self.run_id, RunState.RUNNING, actor=self.actor, reason=reason,
+            self.store.transition_run(self.run_id, RunState.RUNNING, actor=who, reason=reason,
                                       controller_epoch=self.epoch)
 
     def _reclaim_orphan(self, t: TaskRecord) -> None:
@@ -198,6 +216,7 @@ class Controller:
                 time.sleep(TICK_S)
         finally:
             self._kill_all("stop")
+            self.store.drop_request(self.run_id)  # type: ignore[attr-defined]
             self.release()
 
     def _renew_or_read(self) -> RunRecord | None:
@@ -229,6 +248,13 @@ class Controller:
             return RunState.CANCELLED
         if run.state == RunState.PAUSING:
             return self._pausing(tasks)
+        if run.state == RunState.PAUSED and self.sched.preempted():
+            if self.sched.capacity_back(tasks, self.order):
+                self.sched.resumed_after_preemption()
+                self._pause_t0 = None
+                self.prepare("resources are free again; resuming after preemption",
+                             actor=Actor.SCHEDULER)
+            return None
         if run.state != RunState.RUNNING:
             return run.state
         by_state = {t.step: t for t in tasks}
@@ -280,6 +306,9 @@ class Controller:
                                            reason="paused while waiting to retry")
         self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CONTROLLER,
                                   reason="every task parked", controller_epoch=self.epoch)
+        self._pause_t0 = None
+        if self.sched.preempted():
+            return None  # stay, PAUSED, and resume by ourselves when capacity frees
         return RunState.PAUSED
 
     def _stop_now(self) -> RunState:
@@ -308,7 +337,7 @@ class Controller:
     # -- attempts ------------------------------------------------------------
     def _schedule(self, tasks: dict[str, TaskRecord]) -> None:
         now = time.time()
-        budget = self.options.max_parallel_cpus or float(os.cpu_count() or 1)
+        budget = self.options.max_parallel_cpus
         used = sum(self.steps[a.step].resources.cpus for a in self.attempts.values())
         for name in self.order:
             t = tasks[name]
@@ -321,21 +350,28 @@ class Controller:
             if not ready:
                 continue
             need = self.steps[name].resources.cpus
-            if self.attempts and used + need > budget:
+            if budget and self.attempts and used + need > budget:
                 break
-            self._launch(name)
-            used += need
+            if self._launch(name):
+                used += need
 
-    def _launch(self, step: str) -> None:
-        rec = self.store.start_attempt(self.run_id, step, ttl_s=self.options.lease_ttl_s,
-                                       actor=Actor.CONTROLLER)
+    def _launch(self, step: str) -> bool:
+        placed = self.sched.try_place(step, actor=Actor.CONTROLLER)
+        if placed is None:
+            return False  # waiting for resources; the reason is in `segue queue`
+        rec = placed.task
+        devices = ",".join(str(d) for d in placed.devices)
         logs = self.home.logs_dir(self.run_id)
         handle = self.executor.launch(Launch(
             home=self.home.root, run_id=self.run_id, step=step, epoch=rec.epoch,
-            log_path=logs / f"{step}.log", env={},
+            log_path=logs / f"{step}.log",
+            # A task sees exactly its own devices (none for a CPU step).
+            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices},
         ))
-        self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic())
-        log.info("started %s attempt %d (epoch %d, pid %s)", step, rec.attempts, rec.epoch, handle.pid)
+        self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())
+        log.info("started %s attempt %d (epoch %d, pid %s, devices [%s])", step, rec.attempts,
+                 rec.epoch, handle.pid, devices)
+        return True
 
     def _reap(self, tasks: list[TaskRecord]) -> None:
         by_step = {t.step: t for t in tasks}
@@ -351,32 +387,34 @@ class Controller:
                     a.handle.kill()
                 continue
             del self.attempts[step]
-            self._on_exit(a, code, self.store.get_task(self.run_id, step))
+            outcome = self._on_exit(a, code, self.store.get_task(self.run_id, step))
+            self.sched.released(step, a.epoch, started_wall=a.started_wall, outcome=outcome)
 
-    def _on_exit(self, a: _Attempt, code: int, t: TaskRecord) -> None:
+    def _on_exit(self, a: _Attempt, code: int, t: TaskRecord) -> str:
+        """Record what the attempt's exit means; returns done | parked | killed."""
         mine = t.epoch == a.epoch
         if not mine or code in (EXIT_FENCED, EXIT_ORPHANED) and t.state != TaskState.RUNNING:
-            return  # superseded: the newer attempt owns the task
+            return "killed"  # superseded: the newer attempt owns the task
         if t.state == TaskState.SUCCEEDED and code == EXIT_OK:
-            return
+            return "done"
         if t.state == TaskState.PARKED and code == EXIT_PARKED:
             run = self.store.get_run(self.run_id)
             if run.state == RunState.RUNNING and not self._failure_pause_sent:
                 # Parked by a signal from outside (e.g. SIGTERM); keep going.
                 self.store.transition_task(self.run_id, a.step, TaskState.PENDING, actor=Actor.CONTROLLER,
                                            reason="parked outside a pause; rescheduling")
-            return
+            return "parked"
         if t.state != TaskState.RUNNING:
-            return
+            return "done" if t.state == TaskState.SUCCEEDED else "killed"
         if a.killed_for in ("pause-deadline", "stop"):
             self.store.transition_task(
                 self.run_id, a.step, TaskState.PARKED, actor=Actor.CONTROLLER, epoch=a.epoch,
                 reason=("killed at the pause deadline" if a.killed_for == "pause-deadline"
                         else "stopped at once") + "; it resumes from its last checkpoint",
             )
-            return
+            return "killed"
         if a.killed_for == "cancel":
-            return
+            return "killed"
         error, retryable = self._describe_exit(a, code)
         retries = self.steps[a.step].retries
         if retryable and t.failures + 1 <= retries:
@@ -392,6 +430,7 @@ class Controller:
                 reason=f"{error}; " + (f"retries exhausted ({retries})" if retryable else "not retryable"),
                 count_failure=True, error=error,
             )
+        return "killed"
 
     def _describe_exit(self, a: _Attempt, code: int) -> tuple[str, bool]:
         """What went wrong, and whether a retry can help."""

@@ -137,8 +137,15 @@ def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False) 
 
 
 def request_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
-    """Ask the run to pause. Returns the record after the request."""
+    """Ask the run to pause. Returns the record after the request.
+
+    A run paused by preemption would resume by itself; an operator's pause
+    cancels that, so it stays paused until `segue resume`.
+    """
     run = store.get_run(run_id)
+    if run.state == RunState.PAUSED and clear_preemption(store, run_id):
+        store.append_event(run_id, "scheduler", actor=actor,
+                           reason="paused by the operator; it will not resume by itself")
     if run.state in (RunState.PAUSING, RunState.PAUSED):
         return run
     if run.state == RunState.PENDING:
@@ -146,6 +153,15 @@ def request_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> Run
     run = store.transition_run(run_id, RunState.PAUSING, actor=actor, reason="pause requested",
                                only_from=(RunState.RUNNING,))
     return run
+
+
+def clear_preemption(store: Store, run_id: str) -> bool:
+    """Forget that a run waits to resume after preemption; True if it did."""
+    stats = store.get_stats(run_id)  # type: ignore[attr-defined]
+    if stats.get("preempted_at", 0.0) <= 0:
+        return False
+    store.set_stats(run_id, {"preempted_at": 0.0})  # type: ignore[attr-defined]
+    return True
 
 
 def settle_orphaned_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:

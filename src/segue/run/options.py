@@ -17,16 +17,33 @@ class RunOptions:
     backoff_base_s: float = 0.25  # retry n waits base * 2**(n-1), capped
     backoff_max_s: float = 30.0
     max_parallel_cpus: float = 0.0  # 0: this machine's CPU count
+    # Scheduling (see segue.scheduler): priority class value, preemptibility
+    # (None: by class), aging period for preempted runs, and GPU overrides.
+    priority: int = 100
+    preemptible: bool | None = None
+    max_pause_s: float = 0.0
+    gpus: int = -1  # -1: as the steps declare
+    gpu_memory: int = 0  # bytes per GPU; 0: as the steps declare
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.type == "bool":
+            if f.name in ("pause_on_failure", "preemptible"):
+                if not (isinstance(v, bool) or (v is None and f.name == "preemptible")):
+                    raise UsageError(f"run option {f.name} must be true or false, not {v!r}")
                 continue
-            if not isinstance(v, int | float) or isinstance(v, bool) or v < 0:
-                raise UsageError(f"run option {f.name} must be a non-negative number, not {v!r}")
+            if not isinstance(v, int | float) or isinstance(v, bool):
+                raise UsageError(f"run option {f.name} must be a number, not {v!r}")
+            if v < 0 and f.name not in ("priority", "gpus"):
+                raise UsageError(f"run option {f.name} must be non-negative, not {v!r}")
         if self.lease_ttl_s < 0.5:
             raise UsageError("run option lease_ttl_s must be at least 0.5 seconds")
+
+    @property
+    def is_preemptible(self) -> bool:
+        from ..scheduler.policy import default_preemptible
+
+        return default_preemptible(self.priority) if self.preemptible is None else self.preemptible
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -44,13 +61,14 @@ class RunOptions:
             raw = os.environ.get(f"SEGUE_{f.name.upper()}")
             if raw is None:
                 continue
-            if f.type == "bool":
+            if f.name in ("pause_on_failure", "preemptible"):
                 base[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
-            else:
-                try:
-                    base[f.name] = float(raw)
-                except ValueError:
-                    raise UsageError(f"SEGUE_{f.name.upper()}={raw!r} must be a number") from None
+                continue
+            try:
+                num = float(raw)
+            except ValueError:
+                raise UsageError(f"SEGUE_{f.name.upper()}={raw!r} must be a number") from None
+            base[f.name] = int(num) if f.name in ("priority", "gpus", "gpu_memory") else num
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
 

@@ -106,7 +106,76 @@ _V1 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+_V2 = Migration(
+    2,
+    "resource pool: hosts, devices, allocations, waiting requests, run statistics",
+    (
+        """
+        CREATE TABLE pool_hosts (
+            host TEXT PRIMARY KEY,
+            cpus REAL NOT NULL,
+            memory INTEGER NOT NULL,
+            source TEXT NOT NULL,
+            updated_at REAL NOT NULL
+        )
+        """,
+        """
+        CREATE TABLE pool_devices (
+            host TEXT NOT NULL REFERENCES pool_hosts (host) ON DELETE CASCADE,
+            device INTEGER NOT NULL,
+            name TEXT NOT NULL,
+            memory INTEGER NOT NULL,
+            virtual INTEGER NOT NULL,
+            PRIMARY KEY (host, device)
+        )
+        """,
+        """
+        CREATE TABLE allocations (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            host TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            step TEXT NOT NULL,
+            epoch INTEGER NOT NULL,
+            devices TEXT NOT NULL,
+            cpus REAL NOT NULL,
+            memory INTEGER NOT NULL,
+            priority INTEGER NOT NULL,
+            preemptible INTEGER NOT NULL,
+            since REAL NOT NULL,
+            lease_until REAL NOT NULL,
+            released_at REAL,
+            UNIQUE (run_id, step, epoch)
+        )
+        """,
+        "CREATE INDEX allocations_live ON allocations (host, released_at)",
+        """
+        CREATE TABLE requests (
+            run_id TEXT NOT NULL,
+            step TEXT NOT NULL,
+            host TEXT NOT NULL,
+            priority INTEGER NOT NULL,
+            gpus INTEGER NOT NULL,
+            gpu_memory INTEGER,
+            cpus REAL NOT NULL,
+            memory INTEGER NOT NULL,
+            submitted_at REAL NOT NULL,
+            reason TEXT NOT NULL,
+            lease_until REAL NOT NULL,
+            PRIMARY KEY (run_id, step)
+        )
+        """,
+        """
+        CREATE TABLE run_stats (
+            run_id TEXT NOT NULL,
+            key TEXT NOT NULL,
+            value REAL NOT NULL,
+            PRIMARY KEY (run_id, key)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 LATEST = MIGRATIONS[-1].version
 
 

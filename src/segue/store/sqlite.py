@@ -30,6 +30,7 @@ from ..errors import (
     UnknownRunError,
 )
 from ..states import Actor, RunState, TaskState, check_run, check_task
+from .sqlite_pool import SQLitePoolMixin
 from .base import (
     CheckpointRecord,
     Event,
@@ -58,7 +59,7 @@ _TASK_COLUMNS = frozenset(
 _NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLitePoolMixin, Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path) -> None:
@@ -352,34 +353,7 @@ class SQLiteStore(Store):
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
         with self._write() as conn:
-            row = _fetch_task(conn, run_id, step)
-            cur = TaskState(row["state"])
-            # The table allows RUNNING only from PENDING and RETRYING.
-            check_task(cur, TaskState.RUNNING)
-            t = now()
-            epoch = int(row["epoch"]) + 1
-            attempts = int(row["attempts"]) + 1
-            _update_task(
-                conn, run_id, step,
-                {
-                    "state": TaskState.RUNNING.value,
-                    "epoch": epoch,
-                    "attempts": attempts,
-                    "pid": None,
-                    "host": None,
-                    "lease_until": t + ttl_s,
-                    "next_attempt_at": None,
-                    "started_at": row["started_at"] if row["started_at"] is not None else t,
-                    "finished_at": None,
-                    "updated_at": t,
-                },
-            )
-            _insert_event(
-                conn, run_id, "task", step=step, actor=actor, t=t,
-                reason=f"attempt {attempts} started", from_state=cur,
-                to_state=TaskState.RUNNING, data={"epoch": epoch, "attempt": attempts},
-            )
-            return _task_record(_fetch_task(conn, run_id, step))
+            return start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor)
 
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
         with self._write() as conn:
@@ -394,6 +368,12 @@ class SQLiteStore(Store):
             t = now()
             lease = t + ttl_s
             _update_task(conn, run_id, step, {"lease_until": lease, "updated_at": t})
+            # The attempt's device allocation lives exactly as long as its lease.
+            conn.execute(
+                "UPDATE allocations SET lease_until = ? WHERE run_id = ? AND step = ? AND epoch = ?"
+                " AND released_at IS NULL",
+                (lease, run_id, step, epoch),
+            )
             run_state = RunState(_fetch_run(conn, run_id)["state"])
             return Heartbeat(run_state=run_state, lease_until=lease)
 
@@ -736,3 +716,38 @@ def _event(r: sqlite3.Row) -> Event:
         reason=r["reason"],
         data=json.loads(r["data"]),
     )
+
+
+def start_attempt_in(
+    conn: sqlite3.Connection, run_id: str, step: str, *, ttl_s: float, actor: Actor,
+    data: dict[str, Any] | None = None,
+) -> TaskRecord:
+    """The body of start_attempt, inside the caller's write transaction."""
+    row = _fetch_task(conn, run_id, step)
+    cur = TaskState(row["state"])
+    # The table allows RUNNING only from PENDING and RETRYING.
+    check_task(cur, TaskState.RUNNING)
+    t = now()
+    epoch = int(row["epoch"]) + 1
+    attempts = int(row["attempts"]) + 1
+    _update_task(
+        conn, run_id, step,
+        {
+            "state": TaskState.RUNNING.value,
+            "epoch": epoch,
+            "attempts": attempts,
+            "pid": None,
+            "host": None,
+            "lease_until": t + ttl_s,
+            "next_attempt_at": None,
+            "started_at": row["started_at"] if row["started_at"] is not None else t,
+            "finished_at": None,
+            "updated_at": t,
+        },
+    )
+    _insert_event(
+        conn, run_id, "task", step=step, actor=actor, t=t,
+        reason=f"attempt {attempts} started", from_state=cur,
+        to_state=TaskState.RUNNING, data={"epoch": epoch, "attempt": attempts, **(data or {})},
+    )
+    return _task_record(_fetch_task(conn, run_id, step))

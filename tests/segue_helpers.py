@@ -1,0 +1,77 @@
+"""Helpers for tests that drive segue through real processes (imported by conftest and tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+FLOWS = Path(__file__).parent / "flows"
+T = TypeVar("T")
+
+
+class Segue:
+    """Runs the real `segue` CLI against one home directory."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.env = {**os.environ, "SEGUE_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+        self.env.pop("SEGUE_FAULTS", None)
+
+    def __call__(self, *args: str, env: dict[str, str] | None = None, timeout: float = 120,
+                 check: bool = False) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "segue", *args], capture_output=True, text=True,
+                              env={**self.env, **(env or {})}, timeout=timeout)
+        if check and proc.returncode not in (0, 3):
+            raise AssertionError(f"segue {args} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def popen(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "segue", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env={**self.env, **(env or {})})
+
+    def status(self, run_id: str) -> dict[str, Any]:
+        proc = self("status", run_id, "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def json(self, *args: str) -> Any:
+        proc = self(*args, "--json")
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    def step(self, run_id: str, name: str) -> dict[str, Any]:
+        return next(s for s in self.status(run_id)["steps"] if s["name"] == name)
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        return json.loads(self("events", run_id, "--json").stdout)
+
+    def output(self, run_id: str, step: str) -> Any:
+        from segue import checkpoint as ckpt
+        from segue.home import Home
+
+        home = Home.resolve(self.home)
+        ref = home.open_store().get_task(run_id, step).output_ref
+        return ckpt.load(home.storage(), ref).state["value"]
+
+    def wait_state(self, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
+        return wait_for(lambda: (d := self.status(run_id))["state"] in states and d, timeout,
+                        f"run {run_id} to reach {states}")
+
+
+def wait_for(pred: Callable[[], T], timeout: float = 60, what: str = "condition",
+             poll: float = 0.02) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
