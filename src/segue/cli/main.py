@@ -171,7 +171,14 @@ def cmd_status(a: argparse.Namespace, home: Home) -> int:
             line += f"  pid {s['pid']}"
         if s["error"] and s["state"] != "SUCCEEDED":
             line += f"  error: {s['error']}"
+        if s["waiting_for"]:
+            line += f"  ({s['waiting_for']})"
         print(line)
+    acct = doc["accounting"]
+    print(f"  device-s {acct['device_seconds']:.1f}  paused {acct['paused_seconds']:.1f}s  "
+          f"checkpoints {acct['checkpoint_bytes'] / 2**20:.1f} MiB  redone {acct['work_redone_seconds']:.1f}s  "
+          f"saved by resuming {acct['seconds_saved_by_resume']:.1f}s "
+          f"({acct['device_seconds_saved_by_resume']:.1f} device-s)  preemptions {acct['preemptions']}")
     return 0
 
 

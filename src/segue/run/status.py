@@ -16,6 +16,7 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
     for c in store.list_checkpoints(run_id):
         if c.step not in latest or c.seq > latest[c.step].seq:
             latest[c.step] = c
+    waiting = {r.step: r for r in getattr(store, "list_requests", lambda: [])() if r.run_id == run_id}
     steps = []
     for t in tasks:
         c = latest.get(t.step)
@@ -31,6 +32,7 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
             },
             "pid": t.pid if t.state == TaskState.RUNNING else None,
             "error": t.error,
+            "waiting_for": waiting[t.step].reason if t.step in waiting else None,
         })
     return {
         "run_id": run.run_id,
