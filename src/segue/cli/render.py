@@ -63,6 +63,8 @@ class RunDisplay:
     def __exit__(self, *exc: object) -> None:
         self.flush_events()
         if self.live is not None:
+            # The last frame shows where the run ended, not the last throttled tick.
+            self.live.update(task_table(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id)))
             self.live.__exit__(None, None, None)
 
     def flush_events(self) -> None:
