@@ -16,8 +16,6 @@ import json
 import os
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,29 +26,13 @@ from segue.run.options import RunOptions
 from segue.scheduler.devices import virtual_gpus
 from segue.states import RunState, TaskState
 
+from . import _probe as pb
+
 FLOW = Path(__file__).parent / "flows" / "preempt_flow.py"
 
 
-def _wait(pred, timeout=120.0, poll=0.002):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise TimeoutError("benchmark condition not reached")
 
 
-def _started(probe: Path, epoch: int) -> dict | None:
-    p = probe / f"started-{epoch}"
-    return json.loads(p.read_text()) if p.exists() else None
-
-
-def _cursor(probe: Path) -> int:
-    try:
-        return int.from_bytes((probe / "cursor").read_bytes()[:8], "little")
-    except (OSError, ValueError):
-        return 0
 
 
 def one_round(tmp: Path, r: int, tick: float, victim_n: int, urgent_n: int) -> dict:
@@ -72,17 +54,17 @@ def one_round(tmp: Path, r: int, tick: float, victim_n: int, urgent_n: int) -> d
 
     t_start = time.time()
     submit("victim", pv, victim_n, 0)
-    _wait(lambda: _started(pv, 1))
+    pb.wait_until(lambda: pb.started(pv, 1))
     time.sleep(1.5 + 0.37 * r)  # somewhere between two checkpoints
     t0 = time.perf_counter()
     submit("urgent", pu, urgent_n, 300)
-    _wait(lambda: _started(pu, 1))
+    pb.wait_until(lambda: pb.started(pu, 1))
     to_device = time.perf_counter() - t0
-    victim_done_at_park = _cursor(pv)
-    _wait(lambda: store.get_run("urgent").state == RunState.SUCCEEDED)
-    started = _wait(lambda: (e := store.get_task("victim", "work").epoch) > 1 and _started(pv, e))
-    lost = (victim_done_at_park - started["from"]) * tick
-    _wait(lambda: store.get_run("victim").state == RunState.SUCCEEDED)
+    victim_done_at_park = pb.cursor(pv)
+    pb.wait_until(lambda: store.get_run("urgent").state == RunState.SUCCEEDED)
+    back = pb.wait_until(lambda: (e := store.get_task("victim", "work").epoch) > 1 and pb.started(pv, e))
+    lost = (victim_done_at_park - back["from"]) * tick
+    pb.wait_until(lambda: store.get_run("victim").state == RunState.SUCCEEDED)
     t_end = time.time()
     busy = 0.0
     for a in store.list_allocations(live_only=False):
@@ -95,13 +77,6 @@ def one_round(tmp: Path, r: int, tick: float, victim_n: int, urgent_n: int) -> d
     }
 
 
-def _startup_s() -> float:
-    best = 1e9
-    for _ in range(3):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import numpy, segue.run.worker"], check=True)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -129,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                         except ProcessLookupError:
                             pass
     med = statistics.median
-    startup = _startup_s()
+    startup = pb.worker_startup_s()
     out = {
         "time_to_device_s": round(med(x["to_device"] for x in res), 4),
         "victim_lost_work_s": round(max(x["lost"] for x in res), 4),

@@ -16,8 +16,6 @@ import os
 import random
 import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,26 +26,13 @@ from segue.home import Home
 from segue.run import ops
 from segue.states import RunState, TaskState
 
+from . import _probe as pb
+
 FLOW = Path(__file__).parent / "flows" / "recovery_flow.py"
 
 
-def _wait(pred, timeout=60.0, poll=0.002):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise TimeoutError("benchmark condition not reached")
 
 
-def _python_startup_s() -> float:
-    t = []
-    for _ in range(3):
-        t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "import numpy, segue.run.worker"], check=True)
-        t.append(time.perf_counter() - t0)
-    return min(t)
 
 
 def _state_write_s(nbytes: int, where: Path) -> float:
@@ -60,16 +45,8 @@ def _state_write_s(nbytes: int, where: Path) -> float:
     return time.perf_counter() - t0
 
 
-def _cursor(probe: Path) -> int:
-    try:
-        return int.from_bytes((probe / "cursor").read_bytes()[:8], "little")
-    except (OSError, ValueError):
-        return 0
 
 
-def _started(probe: Path, epoch: int) -> dict | None:
-    p = probe / f"started-{epoch}"
-    return json.loads(p.read_text()) if p.exists() else None
 
 
 def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
@@ -88,30 +65,30 @@ def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
     try:
         for _ in range(rounds):
             # -- pause: request -> stored PAUSED with the worker process gone
-            _wait(lambda: task().state == TaskState.RUNNING and _started(probe, task().epoch))
+            pb.wait_until(lambda: task().state == TaskState.RUNNING and pb.started(probe, task().epoch))
             time.sleep(rnd.uniform(1.2, 2.0))
             pid = task().pid
             t0 = time.perf_counter()
             ops.request_pause(store, "bench")
-            _wait(lambda: store.get_run("bench").state == RunState.PAUSED)
-            _wait(lambda: not os.path.exists(f"/proc/{pid}") or
+            pb.wait_until(lambda: store.get_run("bench").state == RunState.PAUSED)
+            pb.wait_until(lambda: not os.path.exists(f"/proc/{pid}") or
                   b") Z" in Path(f"/proc/{pid}/stat").read_bytes())
             pauses.append(time.perf_counter() - t0)
             # -- resume: request -> the step restored and running again
             epoch = task().epoch
             t0 = time.perf_counter()
             ops.spawn_detached(home, "bench")
-            _wait(lambda: task().epoch > epoch and _started(probe, task().epoch))
+            pb.wait_until(lambda: task().epoch > epoch and pb.started(probe, task().epoch))
             resumes.append(time.perf_counter() - t0)
             # -- crash: SIGKILL the worker -> a new attempt restored and running
             time.sleep(rnd.uniform(1.0, 2.5))
             t = task()
-            at_kill = _cursor(probe)
+            at_kill = pb.cursor(probe)
             t0 = time.perf_counter()
             os.kill(t.pid, signal.SIGKILL)
-            started = _wait(lambda: task().epoch > t.epoch and _started(probe, task().epoch), 30)
+            back = pb.wait_until(lambda: task().epoch > t.epoch and pb.started(probe, task().epoch), 30)
             recoveries.append(time.perf_counter() - t0)
-            lost.append((at_kill - started["from"]) * tick)
+            lost.append((at_kill - back["from"]) * tick)
         ops.cancel(store, "bench")
     finally:
         run = store.get_run("bench")
@@ -136,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 2 if a.quick else 6
     tick, interval = 0.01, 1.0
     m = measure(rounds, tick, 256, a.seed)
-    startup = _python_startup_s()
+    startup = pb.worker_startup_s()
     write = _state_write_s(m["ckpt_bytes"], m["tmp"])
     med = statistics.median
     out = {

@@ -1,0 +1,50 @@
+"""Shared by the engine benchmarks: polling, the flows' side-channel files, floors.
+
+The benchmark flows write `started-EPOCH` (restore done, from which iteration)
+and `cursor` (current iteration, via pwrite) into a probe directory, so the
+benchmarks can time events without adding database traffic.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_until(pred: Callable[[], T], timeout: float = 120.0, poll: float = 0.002) -> T:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll)
+    raise TimeoutError("benchmark condition not reached")
+
+
+def started(probe: Path, epoch: int) -> dict | None:
+    p = probe / f"started-{epoch}"
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def cursor(probe: Path) -> int:
+    try:
+        return int.from_bytes((probe / "cursor").read_bytes()[:8], "little")
+    except (OSError, ValueError):
+        return 0
+
+
+def worker_startup_s() -> float:
+    """The physical floor of any recovery: starting a Python worker with its imports."""
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import numpy, segue.run.worker"], check=True)
+        best = min(best, time.perf_counter() - t0)
+    return best
