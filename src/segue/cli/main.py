@@ -25,7 +25,7 @@ from ..run.options import RunOptions
 from ..run.status import run_status
 from ..scheduler.policy import parse_priority
 from ..states import Actor, RunState
-from . import sched
+from . import sched, verify
 from .render import RunDisplay, event_line, fmt_time, print_json
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("run")
     c.add_argument("--json", action="store_true")
     sched.add_parsers(sub)
+    verify.add_parser(sub)
     return p
 
 
@@ -229,7 +230,7 @@ def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
 
 
 COMMANDS = {
-    "queue": sched.cmd_queue, "pool": sched.cmd_pool,
+    "queue": sched.cmd_queue, "pool": sched.cmd_pool, "verify": verify.cmd_verify,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
 }

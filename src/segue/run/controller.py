@@ -106,6 +106,7 @@ class Controller:
     def __post_init__(self) -> None:
         _faults.set_role("controller")
         self.host = socket.gethostname()
+        self._prev_host: str | None = None
         self.epoch = 0
         self.attempts: dict[str, _Attempt] = {}
         self._pause_t0: float | None = None
@@ -130,6 +131,7 @@ class Controller:
     def acquire(self) -> None:
         """Take the controller lease; steal it only from a provably dead local holder."""
         run = self.store.get_run(self.run_id)
+        self._prev_host = run.controller_host  # where the previous controller ran its workers
         steal = (
             run.controller_alive()
             and run.controller_host == self.host
@@ -148,12 +150,13 @@ class Controller:
     def prepare(self, reason: str, actor: Actor | None = None) -> None:
         """Make the stored run runnable: adopt orphans, requeue parked and failed tasks."""
         run = self.store.get_run(self.run_id)
+        prev_host = self._prev_host
         if run.state == RunState.PAUSED and self.sched.preempted() and actor is None:
             return  # it waits, PAUSED, for capacity; the loop resumes it
         who = actor or self.actor
         for t in self.store.get_tasks(self.run_id):
             if t.state == TaskState.RUNNING:
-                self._reclaim_orphan(t)
+                self._reclaim_orphan(t, prev_host)
             elif t.state == TaskState.PARKED:
                 self.store.transition_task(self.run_id, t.step, TaskState.PENDING, actor=who,
                                            reason=reason)
@@ -164,13 +167,15 @@ class Controller:
             self.store.transition_run(self.run_id, RunState.RUNNING, actor=who, reason=reason,
                                       controller_epoch=self.epoch)
 
-    def _reclaim_orphan(self, t: TaskRecord) -> None:
+    def _reclaim_orphan(self, t: TaskRecord, prev_host: str | None) -> None:
         """An attempt left RUNNING by a previous controller.
 
         A live lease on this host with a live pid: that process is ours to stop
-        now. An expired lease: presumed lost (a frozen or unreachable machine);
-        we do not touch it, and the epoch bump of our next attempt fences it.
-        A live lease elsewhere: wait for it to expire.
+        now. A pid that was never recorded on a local attempt: the process died
+        with its controller (PDEATHSIG) or never started. An expired lease:
+        presumed lost (a frozen or unreachable machine); we do not touch it,
+        and the epoch bump of our next attempt fences it. A live lease
+        elsewhere: wait for it to expire.
         """
         deadline = time.time() + self.options.lease_ttl_s * 2
         while True:
@@ -180,15 +185,16 @@ class Controller:
             live = cur.lease_until is not None and cur.lease_until > time.time()
             if not live:
                 break
-            if cur.host == self.host and cur.pid and pid_alive(cur.pid):
+            local = (cur.host or prev_host) == self.host
+            if local and not pid_alive(cur.pid):
+                break
+            if local and cur.pid:
                 try:
                     os.kill(cur.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                if not pid_alive(cur.pid):
+                if wait_dead(cur.pid, 1.0):
                     break
-            elif cur.host == self.host and not pid_alive(cur.pid):
-                break
             if time.time() > deadline:
                 break
             time.sleep(0.05)
@@ -369,6 +375,13 @@ class Controller:
             env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices},
         ))
         self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())
+        if handle.pid is not None:
+            # Recorded now, not only by the worker once it has imported everything:
+            # a successor controller must know which process to stop.
+            try:
+                self.store.set_attempt_pid(self.run_id, step, rec.epoch, handle.pid, self.host)
+            except FencedError:
+                pass
         log.info("started %s attempt %d (epoch %d, pid %s, devices [%s])", step, rec.attempts,
                  rec.epoch, handle.pid, devices)
         return True
@@ -417,18 +430,24 @@ class Controller:
             return "killed"
         error, retryable = self._describe_exit(a, code)
         retries = self.steps[a.step].retries
-        if retryable and t.failures + 1 <= retries:
-            delay = self.options.backoff(t.failures + 1)
+        # Retries count consecutive failures without progress: an attempt that
+        # committed a checkpoint moved the step forward, so a long job that
+        # crashes now and then is not failed for its total number of crashes.
+        progressed = any(c.epoch == a.epoch for c in self.store.list_checkpoints(self.run_id, a.step)[:1])
+        failures = 1 if progressed else t.failures + 1
+        if retryable and failures <= retries:
+            delay = self.options.backoff(failures)
             self.store.transition_task(
                 self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
-                reason=f"{error}; retry {t.failures + 1} of {retries} in {delay:.1f}s",
-                count_failure=True, error=error, next_attempt_at=time.time() + delay,
+                reason=f"{error}; retry {failures} of {retries} in {delay:.1f}s",
+                count_failure=True, reset_failures=progressed, error=error,
+                next_attempt_at=time.time() + delay,
             )
         else:
             self.store.transition_task(
                 self.run_id, a.step, TaskState.FAILED, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
                 reason=f"{error}; " + (f"retries exhausted ({retries})" if retryable else "not retryable"),
-                count_failure=True, error=error,
+                count_failure=True, reset_failures=progressed, error=error,
             )
         return "killed"
 

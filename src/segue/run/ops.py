@@ -178,8 +178,9 @@ def settle_orphaned_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI
         return run
     now = time.time()
     tasks = store.get_tasks(run_id)
+    here = socket.gethostname()
     if any(t.state == TaskState.RUNNING and (t.lease_until or 0) > now
-           and (t.host != socket.gethostname() or pid_alive(t.pid)) for t in tasks):
+           and ((t.host or run.controller_host) != here or pid_alive(t.pid)) for t in tasks):
         return run
     for t in tasks:
         if t.state in (TaskState.RUNNING, TaskState.RETRYING):

@@ -1,0 +1,153 @@
+"""What a run produced, as records, and how two such snapshots differ.
+
+A snapshot holds every step's committed output and every file the run wrote
+in its working directory (sinks with relative paths land there). Record
+files are compared record by record as multisets: JSON Lines by line, CSV by
+row, Parquet by row, SQLite databases by table row; any other file counts as
+one record, its bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._canon import canonical_json
+from .. import checkpoint as ckpt
+from ..home import Home
+
+SKIP_DIRS = {".segue", "__pycache__"}
+
+
+def _norm(value: Any) -> Any:
+    """A JSON-able, canonical form of an output value (arrays by dtype, shape and hash)."""
+    if isinstance(value, dict):
+        return {str(k): _norm(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_norm(v) for v in value]
+    if isinstance(value, np.ndarray):
+        arr = np.ascontiguousarray(value)
+        return {"dtype": str(arr.dtype), "shape": list(arr.shape),
+                "sha256": hashlib.sha256(arr.tobytes()).hexdigest()}
+    if isinstance(value, np.generic):
+        return value.item()
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # a torch tensor
+        return _norm(value.detach().cpu().numpy())
+    if isinstance(value, float) and value != value:
+        return "NaN"
+    if isinstance(value, bytes):
+        return {"bytes_sha256": hashlib.sha256(value).hexdigest()}
+    return value
+
+
+def _file_records(path: Path) -> list[str]:
+    name = path.name
+    if name.endswith(".jsonl") or name.endswith(".ndjson"):
+        import json
+
+        out = []
+        for line in path.read_text().splitlines():
+            if line.strip():
+                try:
+                    out.append(canonical_json(json.loads(line)))
+                except ValueError:
+                    out.append(line)
+        return out
+    if name.endswith(".csv"):
+        with open(path, newline="") as f:
+            return [canonical_json(row) for row in csv.reader(f)][1:]  # rows after the header
+    if name.endswith(".parquet"):
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            return [hashlib.sha256(path.read_bytes()).hexdigest()]
+        return [canonical_json(_norm(r)) for r in pq.read_table(path).to_pylist()]
+    if name.endswith((".db", ".sqlite", ".sqlite3")):
+        recs = []
+        conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+        try:
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            for t in tables:
+                for row in conn.execute(f'SELECT * FROM "{t}"'):  # noqa: S608 - names from the catalog
+                    recs.append(canonical_json([t, _norm(list(row))]))
+        finally:
+            conn.close()
+        return recs
+    return [hashlib.sha256(path.read_bytes()).hexdigest()]
+
+
+@dataclass
+class Snapshot:
+    outputs: dict[str, Any] = field(default_factory=dict)  # step -> canonical output
+    files: dict[str, Counter[str]] = field(default_factory=dict)  # relative path -> records
+
+
+def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
+    store, storage = home.open_store(), home.storage()
+    snap = Snapshot()
+    for t in store.get_tasks(run_id):
+        if t.output_ref is not None:
+            snap.outputs[t.step] = _norm(ckpt.load(storage, t.output_ref).state["value"])
+    for p in sorted(workdir.rglob("*")):
+        rel = p.relative_to(workdir)
+        if p.is_file() and not (set(rel.parts) & SKIP_DIRS) and not p.name.startswith("."):
+            snap.files[rel.as_posix()] = Counter(_file_records(p))
+    return snap
+
+
+@dataclass
+class Diff:
+    records: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    differing: int = 0
+    missing_files: list[str] = field(default_factory=list)
+    extra_files: list[str] = field(default_factory=list)
+    differing_outputs: list[str] = field(default_factory=list)
+    examples: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return not (self.lost or self.duplicated or self.differing or self.missing_files
+                    or self.extra_files or self.differing_outputs)
+
+
+def compare(clean: Snapshot, faulted: Snapshot, *, ignore_outputs: set[str] = frozenset()) -> Diff:
+    d = Diff()
+    for step in sorted(set(clean.outputs) | set(faulted.outputs)):
+        if step in ignore_outputs:
+            continue
+        if clean.outputs.get(step) != faulted.outputs.get(step):
+            d.differing_outputs.append(step)
+    for rel in sorted(set(clean.files) | set(faulted.files)):
+        a, b = clean.files.get(rel), faulted.files.get(rel)
+        if b is None:
+            d.missing_files.append(rel)
+            d.lost += sum(a.values()) if a else 0
+            continue
+        if a is None:
+            d.extra_files.append(rel)
+            d.differing += sum(b.values())
+            continue
+        d.records += sum(a.values())
+        for rec, n in a.items():
+            m = b.get(rec, 0)
+            if m < n:
+                d.lost += n - m
+            elif m > n:
+                d.duplicated += m - n
+                if len(d.examples) < 3:
+                    d.examples.append(f"{rel}: duplicated {rec[:120]}")
+        for rec, m in b.items():
+            if rec not in a:
+                d.differing += m
+                if len(d.examples) < 3:
+                    d.examples.append(f"{rel}: unexpected {rec[:120]}")
+    return d
