@@ -1,22 +1,73 @@
-"""Shared fixtures for the checkpoint tests: storages to run the contract against."""
+"""Shared fixtures for the checkpoint tests: storages to run the contract against.
+
+Every backend passes the same suite: the local directory, fsspec's in-memory
+filesystem, and S3 through s3fs against a real S3 API server (moto) that this
+file starts on loopback and stops at the end of the session.
+"""
 
 from __future__ import annotations
 
+import socket
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from segue import _faults
-from segue.checkpoint import CheckpointStorage, LocalStorage
+from segue.checkpoint import CheckpointStorage, FsspecStorage, LocalStorage
+
+S3_MISSING = "s3 contract tests need moto's server and s3fs: pip install 'moto[server]' s3fs"
 
 
-# Every backend must pass the same suite; an fsspec backend joins this list.
-@pytest.fixture(params=["local"])
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    try:
+        import s3fs  # noqa: F401
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        pytest.skip(S3_MISSING)
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_storage(endpoint: str) -> FsspecStorage:
+    import boto3
+
+    bucket = f"segue-{uuid.uuid4().hex[:12]}"
+    opts: dict[str, Any] = {
+        "key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
+                                                                 "region_name": "us-east-1"},
+        "use_listings_cache": False, "skip_instance_cache": True,
+    }
+    boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="testing",
+        aws_secret_access_key="testing", region_name="us-east-1",
+    ).create_bucket(Bucket=bucket)
+    return FsspecStorage(f"s3://{bucket}/root", **opts)
+
+
+# Every backend must pass the same suite.
+@pytest.fixture(params=["local", "memory", "s3"])
 def storage(request: pytest.FixtureRequest, tmp_path: Path) -> CheckpointStorage:
     if request.param == "local":
         return LocalStorage(tmp_path / "root")
-    raise AssertionError(request.param)
+    if request.param == "memory":
+        return FsspecStorage(f"memory://segue-{uuid.uuid4().hex}/root")
+    return s3_storage(request.getfixturevalue("s3_endpoint"))
 
 
 @pytest.fixture

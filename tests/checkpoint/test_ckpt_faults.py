@@ -24,12 +24,14 @@ from segue.checkpoint import (
     save,
     verify,
 )
+from segue.checkpoint.retention import temp_files
 from segue.checkpoint.storage import TEMP_MARK
 from segue.errors import CheckpointCorruptError, InjectedFault
 
 # point -> is checkpoint N+1 published when a crash hits there?
 POINTS = {
     "checkpoint.start": False,
+    "checkpoint.blob_tmp": False,  # a blob is durable under its temp name, not renamed
     "checkpoint.blob_written": False,
     "checkpoint.manifest_tmp": False,
     "checkpoint.published": True,
@@ -41,13 +43,19 @@ import numpy as np
 from segue.checkpoint import LocalStorage, save
 step = int(sys.argv[2])
 save(LocalStorage(sys.argv[1]), f"run/ckpt-{step:04d}",
-     {"step": step, "w": np.full((64, 64), step, dtype=np.float32), "extra": {1, 2}},
+     {"step": step, "w": np.full((64, 64), step, dtype=np.float32),
+      "big": np.full(300_000, step, dtype=np.float32), "extra": {1, 2}},
      meta={"step": step}, allow_pickle=True)
 """
 
 
 def state(step: int) -> dict[str, object]:
-    return {"step": step, "w": np.full((64, 64), step, dtype=np.float32), "extra": {1, 2}}
+    return {
+        "step": step,
+        "w": np.full((64, 64), step, dtype=np.float32),
+        "big": np.full(300_000, step, dtype=np.float32),
+        "extra": {1, 2},
+    }
 
 
 def recover(storage: LocalStorage) -> tuple[str | None, list[str]]:
@@ -70,8 +78,10 @@ def test_sigkill_at_each_phase_never_exposes_a_half_checkpoint(tmp_path: Path, p
 
     published = POINTS[point]
     left = storage.listdir("run/ckpt-0002")
-    if point == "checkpoint.blob_written":  # data durable, no manifest yet
-        assert sorted(left) == ["opaque.bin", "tensors.safetensors"]
+    if point == "checkpoint.blob_tmp":  # a temp blob, never read, and no manifest
+        assert temp_files(storage) and left == []
+    if point == "checkpoint.blob_written":  # data durable in blobs/, no manifest yet
+        assert left == [] and not temp_files(storage)
     if point == "checkpoint.manifest_tmp":  # the manifest exists only under its temp name
         assert [n for n in left if n.startswith(f".MANIFEST.json{TEMP_MARK}")]
         assert "MANIFEST.json" not in left
@@ -101,9 +111,10 @@ def test_raise_at_each_phase_cleans_up(
     faults("")
 
     left = storage.listdir("run/ckpt-0002")
-    assert not [n for n in left if TEMP_MARK in n]
+    assert not [n for n in left if TEMP_MARK in n] and not temp_files(storage)
+    assert storage.listdir("blobs/pending") == []  # the marker goes, whatever happened
     if POINTS[point]:
-        assert sorted(left) == ["MANIFEST.json", "opaque.bin", "tensors.safetensors"]
+        assert left == ["MANIFEST.json"]
         assert recover(storage) == ("run/ckpt-0002", [])
     else:
         assert left == []  # nothing half-written remains

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 import pytest
+import xxhash
 from ckpt_helpers import assert_same
 
 from segue.checkpoint import (
@@ -24,7 +25,23 @@ from segue.checkpoint import (
 )
 from segue.errors import CheckpointCorruptError, CheckpointError, StateTypeError
 
-STATE = {"step": 3, "w": np.arange(40, dtype=np.float32).reshape(4, 10), "opaque": {1, 2}}
+STATE = {
+    "step": 3,
+    "w": np.arange(40, dtype=np.float32).reshape(4, 10),  # small: packed
+    "big": np.arange(300_000, dtype=np.float32),  # >= 1 MiB: a blob of its own
+    "opaque": {1, 2},
+}
+
+
+def file_of(storage: CheckpointStorage, path: str, kind: str) -> str:
+    """The storage path of the file of ``kind`` (manifest, pack, array, opaque) of a checkpoint."""
+    if kind == "manifest":
+        return f"{path}/MANIFEST.json"
+    m = read_manifest(storage, path)
+    if kind == "opaque":
+        return next(f for f in m.files if f.endswith(".bin"))
+    ref = "a0" if kind == "pack" else "a1"  # tree order: w, then big
+    return m.arrays[ref].file
 
 
 def saved(storage: CheckpointStorage, path: str = "run/c1") -> str:
@@ -34,8 +51,10 @@ def saved(storage: CheckpointStorage, path: str = "run/c1") -> str:
 def test_save_result_and_manifest(storage: CheckpointStorage) -> None:
     result = save(storage, "run/c1", STATE, meta={"step": 3}, allow_pickle=True)
     assert result.path == "run/c1"
-    assert sorted(result.files) == ["opaque.bin", "tensors.safetensors"]
-    assert result.nbytes == sum(storage.size(f"run/c1/{n}") for n in result.files)
+    assert len(result.files) == 3  # the pack of small arrays, the big array, the pickles
+    assert all(n.startswith("blobs/") for n in result.files)
+    assert result.nbytes == sum(storage.size(n) for n in result.files)
+    assert result.stats is not None and result.stats.written_bytes == result.nbytes
     m = read_manifest(storage, "run/c1")
     assert m == result.manifest == verify(storage, "run/c1")
     assert (m.format, m.version, m.meta) == (FORMAT, VERSION, {"step": 3})
@@ -81,12 +100,16 @@ def test_newer_format_version_asks_to_upgrade(storage: CheckpointStorage) -> Non
     path = saved(storage)
     body = json.loads(storage.read_bytes(f"{path}/MANIFEST.json"))
     body["version"] = VERSION + 1
+    del body["checksum"]  # a newer writer signs what it writes
+    body["checksum"] = xxhash.xxh3_128_hexdigest(
+        json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    )
     storage.remove_tree(f"{path}/MANIFEST.json")
     storage.write_bytes_atomic(f"{path}/MANIFEST.json", json.dumps(body).encode())
     with pytest.raises(
         CheckpointError,
-        match=r"^checkpoint format version 2 is newer than this "
-        r"segue reads \(up to 1\); upgrade segue to load it$",
+        match=rf"^checkpoint format version {VERSION + 1} is newer than this "
+        rf"segue reads \(up to {VERSION}\); upgrade segue to load it$",
     ):
         load(storage, path)
     # not "corrupt": a newer checkpoint must not be skipped in favour of an older one
@@ -109,24 +132,36 @@ def corrupt(storage: CheckpointStorage, rel: str, how: str, pos: int = 0) -> Non
 
 
 DETAILS = {
-    ("tensors.safetensors", "flip"): r"blob tensors\.safetensors: checksum mismatch",
-    ("tensors.safetensors", "truncate"): r"blob tensors\.safetensors: size \d+ != \d+",
-    ("opaque.bin", "flip"): r"blob opaque\.bin: checksum mismatch",
-    ("opaque.bin", "truncate"): r"blob opaque\.bin: size \d+ != \d+",
-    ("MANIFEST.json", "flip"): r"manifest unreadable: .*",
-    ("MANIFEST.json", "truncate"): r"manifest unreadable: .*",
+    ("pack", "flip"): r"blob blobs/\S+\.safetensors: checksum mismatch",
+    ("pack", "truncate"): r"blob blobs/\S+\.safetensors: size \d+ != \d+",
+    ("array", "flip"): r"blob blobs/\S+\.safetensors: checksum mismatch",
+    ("array", "truncate"): r"blob blobs/\S+\.safetensors: size \d+ != \d+",
+    ("opaque", "flip"): r"blob blobs/\S+\.bin: checksum mismatch",
+    ("opaque", "truncate"): r"blob blobs/\S+\.bin: size \d+ != \d+",
+    ("manifest", "flip"): r"manifest unreadable: .*",
+    ("manifest", "truncate"): r"manifest unreadable: .*",
 }
 
 
-@pytest.mark.parametrize(("name", "how"), sorted(DETAILS))
-def test_corruption_is_detected(storage: CheckpointStorage, name: str, how: str) -> None:
+def positions(storage: CheckpointStorage, size: int) -> list[int]:
+    # Every byte of small files on local disk; a spread of bytes elsewhere (each flip
+    # is a round trip to the server) and in the MiB-sized array blob.
+    if size <= 2048 and storage.local_path("") is not None:
+        return list(range(size))
+    if storage.local_path("") is None:
+        return sorted({0, 9, size // 3, size // 2, size - 1})
+    step = max(1, size // 64)
+    return sorted({*range(min(size, 64)), *range(0, size, step), *range(max(0, size - 64), size)})
+
+
+@pytest.mark.parametrize(("kind", "how"), sorted(DETAILS))
+def test_corruption_is_detected(storage: CheckpointStorage, kind: str, how: str) -> None:
     path = saved(storage)
-    rel = f"{path}/{name}"
+    rel = file_of(storage, path, kind)
     size = storage.size(rel)
-    pattern = rf"^checkpoint run/c1 failed verification \({DETAILS[name, how]}\)$"
-    positions = range(size) if how == "flip" else [0]  # every single byte, one at a time
+    pattern = rf"^checkpoint run/c1 failed verification \({DETAILS[kind, how]}\)$"
     original = storage.read_bytes(rel)
-    for pos in positions:
+    for pos in positions(storage, size) if how == "flip" else [0]:
         corrupt(storage, rel, how, pos)
         with pytest.raises(CheckpointCorruptError, match=pattern):
             verify(storage, path)
@@ -138,22 +173,22 @@ def test_corruption_is_detected(storage: CheckpointStorage, name: str, how: str)
 
 def test_unverified_load_still_rejects_a_truncated_tensor_file(storage: CheckpointStorage) -> None:
     path = saved(storage)
-    corrupt(storage, f"{path}/tensors.safetensors", "truncate")
-    with pytest.raises(CheckpointCorruptError, match=r"\(blob tensors\.safetensors: file ends "):
+    corrupt(storage, file_of(storage, path, "array"), "truncate")
+    with pytest.raises(CheckpointCorruptError, match=r"\(blob blobs/\S+: file ends "):
         load(storage, path, allow_pickle=True, verify=False)
 
 
 def test_missing_data_file_is_detected(storage: CheckpointStorage) -> None:
     path = saved(storage)
-    storage.remove_tree(f"{path}/opaque.bin")
-    with pytest.raises(CheckpointCorruptError, match=r"\(blob opaque\.bin: missing\)$"):
+    storage.remove(file_of(storage, path, "opaque"))
+    with pytest.raises(CheckpointCorruptError, match=r"\(blob blobs/\S+\.bin: missing\)$"):
         verify(storage, path)
 
 
 def test_latest_valid_skips_and_reports_bad_ones(storage: CheckpointStorage) -> None:
     for i in range(1, 6):
         save(storage, f"run/c{i}", {"i": i, "w": np.full(3, i)})
-    corrupt(storage, "run/c5/tensors.safetensors", "flip", 100)
+    corrupt(storage, file_of(storage, "run/c5", "pack"), "flip", 100)
     corrupt(storage, "run/c4/MANIFEST.json", "truncate")
     storage.remove_tree("run/c3/MANIFEST.json")
     ckpts = list_dir_checkpoints(storage, "run")
@@ -166,7 +201,7 @@ def test_latest_valid_skips_and_reports_bad_ones(storage: CheckpointStorage) -> 
     )
     assert best == "run/c2"
     assert [p for p, _ in bad] == ["run/c5", "run/c4", "run/c3"]
-    assert bad[0][1] == "blob tensors.safetensors: checksum mismatch"
+    assert re.fullmatch(r"blob blobs/\S+\.safetensors: checksum mismatch", bad[0][1])
     assert bad[2][1] == "manifest missing"
     assert load(storage, best).state["i"] == 2
     assert latest_valid(storage, ["run/c5", "run/c4"]) is None
@@ -174,16 +209,20 @@ def test_latest_valid_skips_and_reports_bad_ones(storage: CheckpointStorage) -> 
 
 def test_quarantine_moves_the_checkpoint_aside_with_a_reason(storage: CheckpointStorage) -> None:
     path = saved(storage)
-    corrupt(storage, f"{path}/tensors.safetensors", "flip", 50)
+    bad_blob = file_of(storage, path, "pack")
+    corrupt(storage, bad_blob, "flip", 50)
     with pytest.raises(CheckpointCorruptError) as info:
         verify(storage, path)
     dst = quarantine(storage, path, str(info.value))
     assert re.fullmatch(r"quarantine/run__c1-\d{8}T\d{12}Z", dst)
     assert not storage.exists(path) and list_dir_checkpoints(storage, "run") == []
     assert storage.read_bytes(f"{dst}/REASON.txt").decode() == (
-        "run/c1: checkpoint run/c1 failed verification "
-        "(blob tensors.safetensors: checksum mismatch)\n"
+        f"run/c1: checkpoint run/c1 failed verification (blob {bad_blob}: checksum mismatch)\n"
     )
+    # the rotten shared blob went with it, so the next save writes it afresh; the
+    # good blobs stay where other checkpoints can use them
+    assert not storage.exists(bad_blob)
+    assert storage.exists(f"{dst}/blobs/{bad_blob.rsplit('/', 1)[1]}")
     # the same path can be quarantined again without clobbering the first
     saved(storage)
     assert quarantine(storage, path, "again") != dst

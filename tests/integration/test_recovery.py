@@ -34,6 +34,9 @@ def assert_same(segue: Segue, run_id: str, refs: Any, n: int) -> None:
 
 
 def running_pid(segue: Segue, run_id: str, step: str = "count", not_pid: int | None = None) -> int:
+    # A foreground run may not have created its home and run yet.
+    wait_for(lambda: segue("status", run_id).returncode == 0, 30, f"run {run_id} to exist")
+
     def pid() -> int | None:
         s = segue.step(run_id, step)
         return s["pid"] if s["state"] == "RUNNING" and s["pid"] and s["pid"] != not_pid else None
@@ -50,7 +53,7 @@ def test_seeded_worker_sigkills(segue: Segue, counter_ref, seed: int) -> None:
     """Five SIGKILLs of the worker at seeded random moments per seed (20 in all)."""
     rnd = random.Random(seed)
     run = f"kill{seed}"
-    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=600", "-p", "sleep=0.004",
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=2000", "-p", "sleep=0.002",
           env=QUICK_RETRY, check=True)
     killed = 0
     last = None
@@ -68,7 +71,7 @@ def test_seeded_worker_sigkills(segue: Segue, counter_ref, seed: int) -> None:
     assert doc["state"] == "SUCCEEDED", doc
     count = doc["steps"][0]
     assert count["attempts"] >= 6
-    assert_same(segue, run, counter_ref, 600)
+    assert_same(segue, run, counter_ref, 2000)
     kinds = [e["reason"] for e in segue.events(run) if e["actor"] == "failure-detector"]
     assert sum("killed by SIGKILL" in r for r in kinds) >= 5
 

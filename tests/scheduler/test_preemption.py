@@ -167,6 +167,10 @@ def test_task_sees_only_its_own_gpu(segue: Segue) -> None:
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device here; run on a GPU machine")
     segue("pool", "detect", check=True)
-    segue("run", GPUJOB, "--run-id", "g", "-p", "n=20", check=True)
-    seen = segue.output("g", "work")["seen"]
-    assert seen[0]["torch_device_count"] == 1
+    pool = segue.json("pool")
+    assert pool["source"] in ("nvml", "nvidia-smi") and len(pool["devices"]) >= 1
+    assert all(not d["virtual"] and d["memory"] > 0 for d in pool["devices"])
+    segue("run", str(FLOWS / "cudasee.py"), "--run-id", "see", check=True)
+    cpu, gpu = segue.output("see", "cpu_step"), segue.output("see", "gpu_step")
+    assert cpu == {"visible": "", "count": 0}  # a CPU step sees no GPU at all
+    assert gpu["visible"] == "0" and gpu["count"] == 1 and gpu["sum"] == 1024.0

@@ -101,7 +101,10 @@ def unpack(stored: np.ndarray, dtype: str, shape: tuple[int, ...]) -> np.ndarray
 
 
 def _header(
-    arrays: Mapping[str, np.ndarray], dtypes: Mapping[str, str], metadata: Mapping[str, str] | None
+    arrays: Mapping[str, np.ndarray],
+    dtypes: Mapping[str, str],
+    metadata: Mapping[str, str] | None,
+    align: int = 8,
 ) -> bytes:
     header: dict[str, object] = {}
     if metadata:
@@ -125,9 +128,24 @@ def _header(
         offset += arr.nbytes
     raw = json.dumps(header, separators=(",", ":")).encode()
     # Pad so the data starts 8-byte aligned (as the reference writer does), which lets
-    # a reader map arrays in place without misaligned loads.
-    raw += b" " * (-(8 + len(raw)) % 8)
+    # a reader map arrays in place without misaligned loads; blobs align to a page so
+    # their data can be written and read in page-aligned chunks.
+    raw += b" " * (-(8 + len(raw)) % align)
     return struct.pack("<Q", len(raw)) + raw
+
+
+def header_bytes(
+    arrays: Mapping[str, np.ndarray],
+    *,
+    dtypes: Mapping[str, str] | None = None,
+    metadata: Mapping[str, str] | None = None,
+    align: int = 8,
+) -> bytes:
+    """The header (length prefix included) of a file holding ``arrays`` back to back.
+
+    The data of the first array starts at ``len(result)``, a multiple of ``align``.
+    """
+    return _header(arrays, dtypes or {}, metadata, align)
 
 
 def write_safetensors(

@@ -19,6 +19,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
@@ -41,6 +42,56 @@ def check_relpath(relpath: str) -> PurePosixPath:
             "pass a relative path without '..' or backslashes"
         )
     return p
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One stored file, as :meth:`CheckpointStorage.walk` reports it."""
+
+    path: str
+    size: int
+    mtime: float
+    """Seconds since the epoch of the last write (GC's grace period is measured from it)."""
+
+
+class BlobWriter(ABC):
+    """A file of known size being written, possibly from several threads at once.
+
+    Nothing is visible at the path until :meth:`commit`; :meth:`abort` discards it.
+    """
+
+    @abstractmethod
+    def write_at(self, offset: int, data: memoryview | bytes) -> None:
+        """Write ``data`` at ``offset``; safe to call from several threads."""
+
+    @abstractmethod
+    def commit(self, before_publish: Callable[[], None] | None = None) -> None:
+        """Make the bytes durable, then visible at the path."""
+
+    @abstractmethod
+    def abort(self) -> None: ...
+
+
+class _BufferedBlobWriter(BlobWriter):
+    """Collects the parts and publishes them with one atomic write (object stores)."""
+
+    def __init__(self, storage: CheckpointStorage, relpath: str, size: int) -> None:
+        self.storage, self.relpath, self.size = storage, relpath, size
+        self.parts: list[tuple[int, bytes | memoryview]] = []
+
+    def write_at(self, offset: int, data: memoryview | bytes) -> None:
+        self.parts.append((offset, data))  # list.append is atomic under the GIL
+
+    def commit(self, before_publish: Callable[[], None] | None = None) -> None:
+        self.parts.sort(key=lambda p: p[0])
+        data = b"".join(p for _, p in self.parts)
+        if len(data) != self.size:
+            raise ValueError(f"blob {self.relpath}: wrote {len(data)} of {self.size} bytes")
+        self.storage.write_bytes_atomic(self.relpath, data, before_publish=before_publish)
+        self.parts = []
+
+    def abort(self) -> None:
+        self.parts = []
 
 
 class CheckpointStorage(ABC):
@@ -94,6 +145,35 @@ class CheckpointStorage(ABC):
     def local_path(self, relpath: str) -> Path | None:
         """A local filesystem path for ``relpath``, or None for remote backends."""
         return None
+
+    # -- used by format v2 (content-addressed blobs) --------------------------
+    def create_blob(self, relpath: str, size: int) -> BlobWriter:
+        """A writer for a new file of ``size`` bytes at ``relpath`` (see :class:`BlobWriter`)."""
+        return _BufferedBlobWriter(self, relpath, size)
+
+    def publish(
+        self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None
+    ) -> None:
+        """Create ``relpath`` durably, only if it does not exist (FileExistsError otherwise).
+
+        The commit marker of a checkpoint is published this way, so two writers of
+        the same checkpoint cannot both believe they committed it. The base version
+        checks, then writes: backends with a conditional create override it.
+        """
+        if self.exists(relpath):
+            raise FileExistsError(f"{relpath} already exists")
+        self.write_bytes_atomic(relpath, data, before_publish=before_publish)
+
+    @abstractmethod
+    def walk(self, reldir: str) -> list[FileInfo]:
+        """Every file below ``reldir`` (recursively), sorted by path; empty if none."""
+
+    @abstractmethod
+    def remove(self, relpath: str) -> None:
+        """Remove one file (missing is not an error)."""
+
+    def drop_cache(self, relpath: str) -> None:  # noqa: B027 - optional hook
+        """Evict ``relpath`` from the local page cache, if that means anything here."""
 
 
 def _fsync_dir(path: Path) -> None:
@@ -202,3 +282,101 @@ class LocalStorage(CheckpointStorage):
 
     def local_path(self, relpath: str) -> Path | None:
         return self._abs(relpath)
+
+    def create_blob(self, relpath: str, size: int) -> BlobWriter:
+        final = self._abs(relpath)
+        self._makedirs(final.parent)
+        return _LocalBlobWriter(final, size)
+
+    def publish(
+        self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None
+    ) -> None:
+        final = self._abs(relpath)
+        self._makedirs(final.parent)
+        tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        try:
+            with open(tmp, "xb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if before_publish is not None:
+                before_publish()
+            # link(2) fails if the name exists: an atomic create-if-absent, unlike rename.
+            os.link(tmp, final)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+        _fsync_dir(final.parent)
+
+    def walk(self, reldir: str) -> list[FileInfo]:
+        base = self._abs(reldir)
+        out = []
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                p = Path(dirpath, name)
+                try:
+                    st = p.stat()
+                except FileNotFoundError:  # removed while we walked
+                    continue
+                out.append(FileInfo(p.relative_to(self.root).as_posix(), st.st_size, st.st_mtime))
+        return sorted(out, key=lambda i: i.path)
+
+    def remove(self, relpath: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._abs(relpath).unlink()
+
+    def drop_cache(self, relpath: str) -> None:
+        fd = os.open(self._abs(relpath), os.O_RDONLY)
+        try:
+            os.fsync(fd)  # dirty pages cannot be dropped
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+class _LocalBlobWriter(BlobWriter):
+    """A temp file in the target directory, written with pwrite from any thread."""
+
+    def __init__(self, final: Path, size: int) -> None:
+        self.final, self.size = final, size
+        self.tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        if size:
+            with contextlib.suppress(OSError):  # not every filesystem can preallocate
+                os.posix_fallocate(self.fd, 0, size)
+
+    def write_at(self, offset: int, data: memoryview | bytes) -> None:
+        if self.fd is None:
+            raise ValueError(f"blob {self.final.name} is closed")
+        view = memoryview(data).cast("B")
+        while view:  # pwrite may write less than asked
+            n = os.pwrite(self.fd, view, offset)
+            view, offset = view[n:], offset + n
+
+    def commit(self, before_publish: Callable[[], None] | None = None) -> None:
+        if self.fd is None:
+            raise ValueError(f"blob {self.final.name} is closed")
+        try:
+            # Durable before visible: a published name must never point at lost blocks.
+            os.fsync(self.fd)
+        finally:
+            os.close(self.fd)
+            self.fd = None
+        try:
+            if before_publish is not None:
+                before_publish()
+            # Content-addressed: if another writer published the same name first, its
+            # bytes are ours, so replacing it is harmless.
+            os.replace(self.tmp, self.final)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                self.tmp.unlink()
+            raise
+        _fsync_dir(self.final.parent)
+
+    def abort(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        with contextlib.suppress(FileNotFoundError):
+            self.tmp.unlink()

@@ -124,6 +124,13 @@ class _Encoder:
         return self.opaque(v, path, f"holds a {_type_name(v)}")
 
     def mapping(self, d: dict[Any, Any], path: str) -> Any:
+        if d and type(d) is dict and all(type(k) is int for k in d):
+            # int keys (an optimizer's per-parameter state): JSON keys must be str
+            return {
+                TAG: "idict",
+                "keys": list(d),
+                "values": [self.encode(x, f"{path}[{k!r}]") for k, x in d.items()],
+            }
         for k in d:
             if type(k) is not str:
                 return self.opaque(
@@ -179,6 +186,11 @@ class _Decoder:
         tag = v[TAG]
         if tag == "tuple":
             return tuple(self.decode(x, f"{path}[{i}]") for i, x in enumerate(v["items"]))
+        if tag == "idict":
+            keys = v["keys"]
+            if not all(type(k) is int for k in keys) or len(keys) != len(v["values"]):
+                raise MalformedTreeError(f"{path}: malformed 'idict' node")
+            return {k: self.decode(x, f"{path}[{k!r}]") for k, x in zip(keys, v["values"], strict=True)}
         if tag == "odict":
             return OrderedDict((k, self.decode(x, f"{path}[{k!r}]")) for k, x in v["items"].items())
         if tag == "float":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 import sys
 import time
@@ -25,7 +26,7 @@ from ..run.options import RunOptions
 from ..run.status import run_status
 from ..scheduler.policy import parse_priority
 from ..states import Actor, RunState
-from . import sched, verify
+from . import ckpt_run, sched, verify
 from .render import RunDisplay, event_line, fmt_time, print_json
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
@@ -52,6 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a task may take to park before it is killed (default 30)")
     r.add_argument("--pause-on-failure", action="store_true",
                    help="pause instead of failing when a step exhausts its retries")
+    r.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
+                   help="data steps: what to do when the input changed since the run began")
     r.add_argument("--priority", default=None,
                    help="urgent, high, normal (default) or batch, or an integer")
     r.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -76,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("run")
     rs.add_argument("--detach", action="store_true")
     rs.add_argument("--allow-code-change", action="store_true")
+    rs.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
+                    help="data steps: what to do when the input changed since the run began")
 
     sub.add_parser("cancel", help="cancel a run").add_argument("run")
     e = sub.add_parser("events", help="a run's state changes")
@@ -86,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     sched.add_parsers(sub)
     verify.add_parser(sub)
+    ckpt_run.add_parser(sub)
     return p
 
 
@@ -103,7 +109,14 @@ def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> i
     return EXIT.get(final, 1)
 
 
+def _input_policy(a: argparse.Namespace) -> None:
+    # Controllers and workers started from here inherit it (segue.data.run_map reads it).
+    if a.on_input_change:
+        os.environ["SEGUE_ON_INPUT_CHANGE"] = a.on_input_change
+
+
 def cmd_run(a: argparse.Namespace, home: Home) -> int:
+    _input_policy(a)
     opts = RunOptions.from_env(
         pause_deadline_s=a.pause_deadline,
         pause_on_failure=True if a.pause_on_failure else None,
@@ -125,6 +138,7 @@ def cmd_run(a: argparse.Namespace, home: Home) -> int:
 
 
 def cmd_resume(a: argparse.Namespace, home: Home) -> int:
+    _input_policy(a)
     ops.require_home(home)
     store = home.open_store()
     run = ops.check_resumable(store, a.run)
@@ -167,6 +181,11 @@ def cmd_status(a: argparse.Namespace, home: Home) -> int:
         prog = "-" if p["done"] is None else f"{p['done']:.0f}/{p['total'] or '?'}"
         ck = s["last_checkpoint"]
         ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
+        pos = ck["position"] if ck else None
+        if isinstance(pos, dict) and "rate_rps" in pos:  # a data step: records, rate, ETA
+            eta = "-" if pos.get("eta_s") is None else f"{pos['eta_s']:.0f}s"
+            ckt += (f" ({pos.get('records_in', 0)} records in, {pos.get('records_out', 0)} out, "
+                    f"{pos.get('failures', 0)} failed, {pos['rate_rps']:.0f}/s, eta {eta})")
         line = f"  {s['name']:<16} {s['state']:<10} progress {prog:<14} attempts {s['attempts']}  ckpt {ckt}"
         if s["pid"]:
             line += f"  pid {s['pid']}"
@@ -231,6 +250,7 @@ def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
 
 COMMANDS = {
     "queue": sched.cmd_queue, "pool": sched.cmd_pool, "verify": verify.cmd_verify,
+    "ckpt": ckpt_run.cmd_ckpt,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
 }
@@ -247,6 +267,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except SegueError as exc:
         print(f"segue: {exc}", file=sys.stderr)
         code = 1
+    except BrokenPipeError:  # `segue ls | head`: the reader left; that is fine
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
     sys.exit(code)
 
 

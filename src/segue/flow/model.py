@@ -15,6 +15,7 @@ This module only describes; it never runs anything and never touches storage.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -95,6 +96,9 @@ class StepSpec:
     checkpoint_every_s: float | None
     checkpoint_every_steps: int | None
     allow_pickle: bool
+    checkpoint_auto: bool = False  # checkpoint_every="auto": Young/Daly from measured cost and MTBF
+    mtbf_s: float | None = None  # configured mean time between failures, for "auto"
+    keep_checkpoints: int = 3  # committed checkpoints kept per task; older ones are pruned
 
     def source_digest(self) -> str:
         """Hash of the step function's source, for the code fingerprint."""
@@ -142,6 +146,8 @@ class Flow:
         checkpoint_every: str | float | None = None,
         checkpoint_every_steps: int | None = None,
         allow_pickle: bool = False,
+        mtbf: str | float | None = None,
+        keep_checkpoints: int = 3,
     ) -> Any:
         """Declare a step. Usable as ``@flow.step`` or ``@flow.step(...)``."""
 
@@ -158,11 +164,14 @@ class Flow:
             every_steps = checkpoint_every_steps
             if every_steps is not None and (not isinstance(every_steps, int) or every_steps <= 0):
                 raise FlowError(f"step {name!r}: checkpoint_every_steps must be a positive int")
+            auto = checkpoint_every == "auto"
             every_s = (
                 parse_duration(checkpoint_every, f"step {name!r}: checkpoint_every")
-                if checkpoint_every is not None
+                if checkpoint_every is not None and not auto
                 else None
             )
+            if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
+                raise FlowError(f"step {name!r}: keep_checkpoints must be an int >= 1")
             ups = tuple(a if isinstance(a, str) else a.__name__ for a in after)
             self.steps[name] = StepSpec(
                 name=name,
@@ -178,10 +187,56 @@ class Flow:
                 checkpoint_every_s=every_s,
                 checkpoint_every_steps=every_steps,
                 allow_pickle=allow_pickle,
+                checkpoint_auto=auto,
+                mtbf_s=None if mtbf is None else parse_duration(mtbf, f"step {name!r}: mtbf"),
+                keep_checkpoints=keep_checkpoints,
             )
             return f
 
         return register(fn) if fn is not None else register
+
+    def map(
+        self,
+        *,
+        source: Any,
+        sink: Any,
+        kind: str = "map",
+        batch_size: int | None = None,
+        batch_bytes: int | None = None,
+        dead_letter: Any = None,
+        max_failures: int | None = 1000,
+        max_failure_rate: float | None = 0.05,
+        **step_options: Any,
+    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Declare a resumable data step: ``fn`` applied to every record, exactly once.
+
+        ``source`` and ``sink`` are segue.data objects, or functions of the step
+        context that build them (so they can use ``ctx.params``). ``kind`` is
+        map, filter, flat_map or map_batches. Other keywords are those of
+        :meth:`step` (after, retries, checkpoint_every...). The step's output is
+        the run's counters. See docs/data.md.
+        """
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(fn)  # the fingerprint hashes the user's function, not this one
+            def data_step(ctx: Any) -> Any:
+                from ..data import run_map
+                from ..data.sinks.base import Sink
+                from ..data.sources.base import Source
+
+                src = source if isinstance(source, Source) else source(ctx)
+                snk = sink if isinstance(sink, Sink) else sink(ctx)
+                dead = dead_letter if dead_letter is None or isinstance(dead_letter, Sink) else dead_letter(ctx)
+                return run_map(ctx, src, fn, snk, kind=kind, batch_size=batch_size,
+                               batch_bytes=batch_bytes, dead_letter=dead, max_failures=max_failures,
+                               max_failure_rate=max_failure_rate)
+
+            self.step(data_step, **step_options)
+            return fn
+
+        if kind not in ("map", "filter", "flat_map", "map_batches"):
+            raise FlowError(f"map kind {kind!r} is unknown; use map, filter, flat_map or map_batches")
+        return register
 
     # -- validation ----------------------------------------------------------
     def order(self) -> list[str]:

@@ -10,7 +10,6 @@ touch the disk or the database, so tight loops may call them every iteration.
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 
 from .. import _faults
 from .. import checkpoint as ckpt
+from ..checkpoint.interval import IntervalPolicy
 from ..errors import CheckpointCorruptError, NoValidCheckpointError
 from ..flow.model import StepSpec
 from ..home import checkpoint_path
@@ -46,6 +46,7 @@ class Flags:
     """
 
     pause_requested: bool = False
+    checkpoint_requested: bool = False  # "checkpoint now" from the operator (SIGUSR2)
     fenced: bool = False
     progress: tuple[float, float | None] | None = None
     progress_dirty: bool = False
@@ -103,13 +104,23 @@ class StepContext:
         self._storage = storage
         self._flags = flags
         self._fingerprint = code_fingerprint
-        self._every_s = spec.checkpoint_every_s
-        self._every_steps = spec.checkpoint_every_steps
-        if self._every_s is None and self._every_steps is None:
-            self._every_s = DEFAULT_CHECKPOINT_EVERY_S
-        self._last_ckpt_t = time.monotonic()
+        every: str | float | None
+        if spec.checkpoint_auto:
+            every = "auto"
+        elif spec.checkpoint_every_s is not None:
+            every = spec.checkpoint_every_s
+        elif spec.checkpoint_every_steps is not None:
+            every = None
+        else:
+            every = DEFAULT_CHECKPOINT_EVERY_S
+        self._interval = IntervalPolicy(every=every, every_steps=spec.checkpoint_every_steps,
+                                        mtbf_s=spec.mtbf_s)
+        if spec.checkpoint_auto:
+            self._observe_history()
+        self._writer = ckpt.Checkpointer(storage, max_in_flight=1, allow_pickle=spec.allow_pickle,
+                                         on_error=self._on_background_error)
+        self._recorded_cost: str | None = None
         self._cur_steps: int | None = None
-        self._last_ckpt_steps: int | None = None
         self._next_seq = 1
         self._restored = False
         self.checkpoints_written = 0
@@ -123,20 +134,20 @@ class StepContext:
     def checkpoint_due(self, steps: int | None = None) -> bool:
         """Whether the step should call :meth:`checkpoint` now.
 
-        True when a pause was requested, or when the step's interval
-        (``checkpoint_every`` seconds or ``checkpoint_every_steps``) has
-        elapsed. ``steps`` is the step's own counter (iterations, records...).
+        True when a pause or a checkpoint was requested, or when the step's
+        interval (``checkpoint_every`` seconds, ``"auto"`` or
+        ``checkpoint_every_steps``) has elapsed. ``steps`` is the step's own
+        counter (iterations, records...).
         """
-        if self._flags.pause_requested:
+        if self._flags.pause_requested or self._flags.checkpoint_requested:
             return True
         if steps is not None:
             self._cur_steps = steps
-            if self._every_steps is not None:
-                if self._last_ckpt_steps is None:
-                    self._last_ckpt_steps = steps
-                elif steps - self._last_ckpt_steps >= self._every_steps:
-                    return True
-        return self._every_s is not None and time.monotonic() - self._last_ckpt_t >= self._every_s
+        return self._interval.due(steps)
+
+    def request_checkpoint(self) -> None:
+        """Make the next :meth:`checkpoint_due` true ("checkpoint now")."""
+        self._interval.force()
 
     def progress(self, done: float, total: float | None = None) -> None:
         """Report progress; flushed to the store by the heartbeat, not here."""
@@ -169,8 +180,7 @@ class StepContext:
                 continue
             payload = loaded.state
             rng.restore(payload.get("rng", {}))
-            self._last_ckpt_t = time.monotonic()
-            self._last_ckpt_steps = None
+            self._interval.mark(None)
             return payload["state"]
         if committed:
             raise NoValidCheckpointError(
@@ -199,11 +209,13 @@ class StepContext:
         warnings.warn(f"{exc}; moved to {where}", RuntimeWarning, stacklevel=3)
 
     def checkpoint(self, state: Any, *, position: Any = None) -> None:
-        """Commit ``state`` durably; then park if a pause was requested.
+        """Commit ``state``; then park if a pause was requested.
 
-        Returns once the checkpoint's manifest is durable and the store has
-        recorded it under this attempt's epoch. Raises FencedError if a newer
-        attempt owns the step (this attempt must stop).
+        Blocks only while the state is copied into host buffers; the write
+        happens in the background, and the store records the checkpoint
+        (fenced by this attempt's epoch) only once its manifest is durable. A
+        background failure is raised here at the next call. On a pause request
+        it waits for the write, then parks the step.
         """
         if not self._restored:
             # Without this, seq numbers could collide with committed ones.
@@ -213,6 +225,7 @@ class StepContext:
             self._next_seq = max((c.seq for c in everything), default=0) + 1
             self._restored = True
         _faults.fault_point("ctx.before_checkpoint")
+        self._record_cost()
         seq = self._next_seq
         path = checkpoint_path(self.run_id, self.step, seq, self.epoch)
         pos = position if position is not None else {"seq": seq, "steps": self._cur_steps}
@@ -224,25 +237,87 @@ class StepContext:
             "position": pos,
             "code_fingerprint": self._fingerprint,
         }
-        saved = ckpt.save(
-            self._storage,
-            path,
-            {"state": state, "rng": rng.capture()},
-            meta=meta,
-            allow_pickle=self.spec.allow_pickle,
-        )
-        _faults.fault_point("ctx.after_save")
-        self._store.commit_checkpoint(
-            self.run_id, self.step, self.epoch, seq=seq, path=path, position=pos, nbytes=saved.nbytes
-        )
+        progress = self._flags.progress
+
+        def on_durable(saved: ckpt.SaveResult) -> None:
+            # Runs in the writer's thread once the manifest is durable.
+            _faults.fault_point("ctx.after_save")
+            self._store.commit_checkpoint(
+                self.run_id, self.step, self.epoch, seq=seq, path=path, position=pos,
+                nbytes=saved.nbytes + self._manifest_size(path),
+            )
+            if progress is not None:
+                self._store.report_progress(self.run_id, self.step, self.epoch, *progress)
+            _faults.fault_point("ctx.after_commit")
+            self._apply_retention()
+
+        self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
+                                on_durable=on_durable)
         self._next_seq = seq + 1
         self.checkpoints_written += 1
-        self._last_ckpt_t = time.monotonic()
-        self._last_ckpt_steps = self._cur_steps
-        if self._flags.progress is not None:
-            done, total = self._flags.progress
-            self._store.report_progress(self.run_id, self.step, self.epoch, done, total)
-            self._flags.progress_dirty = False
-        _faults.fault_point("ctx.after_commit")
+        self._interval.mark(self._cur_steps)
+        self._flags.checkpoint_requested = False
         if self._flags.pause_requested:
+            self._writer.wait()  # a pause waits for the save in flight to be committed
             raise Park()
+
+    def close(self) -> None:
+        """Wait for the save in flight (raising its failure, if any) and stop the writer."""
+        self._writer.close()
+
+    # -- internals -----------------------------------------------------------
+    def _manifest_size(self, path: str) -> int:
+        try:
+            return self._storage.size(f"{path}/MANIFEST.json")
+        except OSError:
+            return 0
+
+    def _record_cost(self) -> None:
+        cost = self._writer.last_cost
+        if cost is None or cost.path == self._recorded_cost:
+            return
+        self._recorded_cost = cost.path
+        decision = self._interval.record(blocking_s=cost.blocking_s, background_s=cost.background_s,
+                                         marked=True)
+        if decision is not None:
+            self._store.append_event(self.run_id, "checkpoint-interval", actor=Actor.WORKER,
+                                     step=self.step, reason=decision.reason, data=decision.as_event())
+
+    def _observe_history(self) -> None:
+        """Feed the run's own failure history to the "auto" interval."""
+        stats = getattr(self._store, "get_stats", lambda r: {})(self.run_id)
+        uptime = float(stats.get(f"step:{self.step}:s", 0.0))
+        failures = sum(1 for e in self._store.list_events(self.run_id)
+                       if e.step == self.step and e.actor == Actor.FAILURE_DETECTOR.value)
+        if uptime > 0 and failures:
+            self._interval.observe_failures(uptime, failures)
+        d = self._interval.decision
+        self._store.append_event(self.run_id, "checkpoint-interval", actor=Actor.WORKER, step=self.step,
+                                 reason=d.reason, data=d.as_event())
+
+    def _on_background_error(self, path: str, exc: BaseException) -> None:
+        try:
+            self._store.append_event(
+                self.run_id, "warning", actor=Actor.WORKER, step=self.step,
+                reason=f"checkpoint {path} could not be saved ({type(exc).__name__}: {exc}); "
+                       "the step fails at its next checkpoint call and retries from the last one",
+                data={"path": path},
+            )
+        except Exception:  # noqa: S110 - the failure itself is re-raised to the step
+            pass
+
+    def _apply_retention(self) -> None:
+        """Keep the newest ``keep_checkpoints`` committed checkpoints; prune older ones.
+
+        The store marks one pruned before its files go, so a restore never
+        picks a checkpoint that is being deleted. Shared blobs are left to GC.
+        """
+        keep = self.spec.keep_checkpoints
+        for c in self._store.list_checkpoints(self.run_id, self.step)[keep:]:
+            self._store.set_checkpoint_status(self.run_id, self.step, c.seq, "pruned",
+                                              actor=Actor.WORKER,
+                                              reason=f"retention: keep the last {keep}")
+            try:
+                self._storage.remove_tree(c.path)
+            except OSError:
+                pass

@@ -110,7 +110,11 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     def on_pause_signal(signum: int, frame: Any) -> None:
         flags.pause_requested = True  # handlers only set flags
 
+    def on_checkpoint_signal(signum: int, frame: Any) -> None:
+        flags.checkpoint_requested = True
+
     signal.signal(signal.SIGUSR1, on_pause_signal)
+    signal.signal(signal.SIGUSR2, on_checkpoint_signal)
     signal.signal(signal.SIGTERM, on_pause_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the controller
     _die_with_parent(parent_pid)
@@ -144,6 +148,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             code_fingerprint=digest(loaded.fingerprint),
         )
         result = spec.fn(ctx)
+        ctx.close()  # the last checkpoint's commit lands before the output's
         ref = None
         if result is not None:
             ref = output_path(run_id, step, epoch)
@@ -166,7 +171,8 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     except BaseException as exc:  # report everything, including KeyboardInterrupt
         # A retry cannot fix a step whose every checkpoint is bad: it would
         # silently start from scratch. Only the operator's resume may do that.
-        retryable = not isinstance(exc, NoValidCheckpointError)
+        retryable = not isinstance(exc, NoValidCheckpointError) and getattr(
+            exc, "segue_retryable", True)
         _write_exit_report(exit_report_path(home, run_id, step, epoch),
                            f"{type(exc).__name__}: {exc}", traceback.format_exc(), retryable)
         traceback.print_exc()

@@ -30,7 +30,6 @@ from ..errors import (
     UnknownRunError,
 )
 from ..states import Actor, RunState, TaskState, check_run, check_task
-from .sqlite_pool import SQLitePoolMixin
 from .base import (
     CheckpointRecord,
     Event,
@@ -42,6 +41,7 @@ from .base import (
     now,
 )
 from .migrations import migrate
+from .sqlite_pool import SQLitePoolMixin
 
 BUSY_TIMEOUT_S = 30.0
 CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})

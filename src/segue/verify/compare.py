@@ -19,19 +19,26 @@ from typing import Any
 
 import numpy as np
 
-from .._canon import canonical_json
 from .. import checkpoint as ckpt
+from .._canon import canonical_json
 from ..home import Home
 
 SKIP_DIRS = {".segue", "__pycache__"}
+RECORD_SUFFIXES = {".jsonl", ".ndjson", ".csv", ".parquet"}
 
 
-def _norm(value: Any) -> Any:
-    """A JSON-able, canonical form of an output value (arrays by dtype, shape and hash)."""
+def _norm(value: Any, sandbox: str | None = None) -> Any:
+    """A JSON-able, canonical form of an output value (arrays by dtype, shape and hash).
+
+    Paths inside the run's sandbox are written relative to it, so the two
+    runs' outputs compare equal when they name the same relative files.
+    """
     if isinstance(value, dict):
-        return {str(k): _norm(v) for k, v in value.items()}
+        return {str(k): _norm(v, sandbox) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_norm(v) for v in value]
+        return [_norm(v, sandbox) for v in value]
+    if isinstance(value, str) and sandbox and sandbox in value:
+        return value.replace(sandbox, "<sandbox>")
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         return {"dtype": str(arr.dtype), "shape": list(arr.shape),
@@ -49,7 +56,7 @@ def _norm(value: Any) -> Any:
 
 def _file_records(path: Path) -> list[str]:
     name = path.name
-    if name.endswith(".jsonl") or name.endswith(".ndjson"):
+    if name.endswith((".jsonl", ".ndjson")):
         import json
 
         out = []
@@ -94,11 +101,16 @@ def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
     snap = Snapshot()
     for t in store.get_tasks(run_id):
         if t.output_ref is not None:
-            snap.outputs[t.step] = _norm(ckpt.load(storage, t.output_ref).state["value"])
+            value = ckpt.load(storage, t.output_ref).state["value"]
+            snap.outputs[t.step] = _norm(value, str(workdir.resolve()))
     for p in sorted(workdir.rglob("*")):
         rel = p.relative_to(workdir)
-        if p.is_file() and not (set(rel.parts) & SKIP_DIRS) and not p.name.startswith("."):
-            snap.files[rel.as_posix()] = Counter(_file_records(p))
+        if not p.is_file() or any(part.startswith(".") for part in rel.parts) or set(rel.parts) & SKIP_DIRS:
+            continue
+        # Record files are pooled per directory: how a sink cuts its output into
+        # part files depends on when checkpoints happened, not on the records.
+        key = (rel.parent.as_posix() + "/*" + p.suffix) if p.suffix in RECORD_SUFFIXES else rel.as_posix()
+        snap.files.setdefault(key, Counter()).update(_file_records(p))
     return snap
 
 

@@ -1,0 +1,122 @@
+"""Checkpointing state that lives on a CUDA device (needs a GPU).
+
+    python -m benchmarks.gpu_checkpoint --quick --json
+
+Measured on the same CUDA state: the physical floor (device-to-host copy into
+pinned and into pageable memory, a raw fsynced write of the same bytes), segue
+(async blocking time, fsynced save, restore back onto the device), and
+torch.save of the same tensors plus fsync. Also checks that the restored
+tensors are equal and on the device, and that CUDA RNG state round-trips.
+The last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+GiB = 1 << 30
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print(json.dumps({"skipped": "no CUDA device"}))
+        return
+    from segue.checkpoint import Checkpointer, LocalStorage, load
+    from segue.run import rng
+
+    total = (1 if a.quick else 4) * GiB
+    n_large = 16
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    state = {f"layer{i}": torch.rand(total // n_large // 4, device=dev, generator=g) for i in range(n_large)}
+    state.update({f"norm{i}": torch.rand(256, device=dev, generator=g) for i in range(2000)})
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    torch.cuda.synchronize()
+    tmp = Path(tempfile.mkdtemp(prefix="segue-gpu-"))
+    out: dict[str, object] = {"device": torch.cuda.get_device_name(0), "state_gib": round(nbytes / GiB, 3)}
+    try:
+        # Floors: D2H into pinned and pageable memory; a raw fsynced write of the bytes.
+        pinned = {k: torch.empty(v.shape, dtype=v.dtype, pin_memory=True) for k, v in state.items()}
+        for _ in range(2):
+            t0 = time.perf_counter()
+            for k, v in state.items():
+                pinned[k].copy_(v, non_blocking=True)
+            torch.cuda.synchronize()
+            d2h_pinned = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        host = {k: v.cpu() for k, v in state.items()}
+        d2h_pageable = time.perf_counter() - t0
+        blob = b"".join(t.numpy().tobytes() for t in list(host.values())[:n_large])
+        t0 = time.perf_counter()
+        with open(tmp / "raw.bin", "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        raw_write = time.perf_counter() - t0
+        del blob
+        # segue: async save straight from the device.
+        storage = LocalStorage(tmp / "segue")
+        ck = Checkpointer(storage)
+        t0 = time.perf_counter()
+        fut = ck.save_async("ckpt/1", {"model": state})
+        block = time.perf_counter() - t0
+        fut.result()
+        save_total = time.perf_counter() - t0
+        ck.close()
+        t0 = time.perf_counter()
+        back = load(storage, "ckpt/1").state["model"]
+        torch.cuda.synchronize()
+        restore = time.perf_counter() - t0
+        equal = all(back[k].device.type == "cuda" and torch.equal(back[k], state[k]) for k in state)
+        # Peer: torch.save of the same (device) tensors, then fsync.
+        t0 = time.perf_counter()
+        with open(tmp / "torch.pt", "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        torch_save = time.perf_counter() - t0
+        # CUDA RNG: capture, draw, restore, draw again.
+        torch.cuda.manual_seed_all(3)
+        torch.rand(8, device=dev)
+        saved = rng.capture()
+        first = torch.rand(8, device=dev)
+        rng.restore(json.loads(json.dumps(saved)))
+        again = torch.rand(8, device=dev)
+        out.update({
+            "d2h_pinned_s": round(d2h_pinned, 4),
+            "d2h_pageable_s": round(d2h_pageable, 4),
+            "raw_fsync_write_s": round(raw_write, 4),
+            "segue_block_s": round(block, 4),
+            "segue_save_s": round(save_total, 4),
+            "segue_restore_to_gpu_s": round(restore, 4),
+            "torch_save_s": round(torch_save, 4),
+            "block_vs_d2h_pinned": round(block / d2h_pinned, 3),
+            "save_vs_torch_save": round(torch_save / save_total, 3),
+            "save_vs_raw_write": round(raw_write / save_total, 3),
+            "restored_equal_on_gpu": bool(equal),
+            "cuda_rng_roundtrip": bool(torch.equal(first, again)) and "cuda" in saved.get("torch", {}),
+            "gpu_mem_allocated_gib": round(torch.cuda.max_memory_allocated() / GiB, 3),
+        })
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if not a.json:
+        for k, v in out.items():
+            print(f"{k:>26}: {v}", file=sys.stderr)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Look at checkpoints without loading them: list, describe, verify many.
+
+The library beneath ``segue ckpt``; it returns data, and never prints.
+:func:`locate` turns a user's path or URL into (storage, checkpoint paths): a
+checkpoint directory, or a directory of checkpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointCorruptError, CheckpointError
+from .format import MANIFEST_NAME, Manifest
+from .fsspec_storage import open_storage
+from .io import list_dir_checkpoints, read_manifest, verify
+from .storage import CheckpointStorage
+from .tree import TAG
+
+
+@dataclass(frozen=True)
+class CheckpointSummary:
+    path: str
+    version: int
+    created_at: str
+    step: Any
+    nbytes: int
+    nfiles: int
+    narrays: int
+    tags: tuple[str, ...]
+
+
+def locate(url_or_path: str | Path) -> tuple[CheckpointStorage, str, bool]:
+    """(storage, relative path, is_checkpoint) for a checkpoint or a directory of them.
+
+    For a single v2 checkpoint the storage root is the nearest ancestor that holds
+    its blobs, because v2 manifests name blobs relative to that root.
+    """
+    text = str(url_or_path).rstrip("/")
+    storage = open_storage(text)
+    if not storage.exists(MANIFEST_NAME):
+        # A directory of checkpoints: its root is the root of its checkpoints.
+        children = list_dir_checkpoints(storage, "")
+        if not children:
+            return storage, "", False
+        root, rel, _ = locate(f"{text}/{children[0]}")
+        return root, rel.rsplit("/", 1)[0] if "/" in rel else "", False
+    parts = text.split("/")
+    for cut in range(1, len(parts)):
+        root = "/".join(parts[:-cut]) or "/"
+        if "://" in text and root.endswith(":/"):
+            break
+        candidate = open_storage(root)
+        rel = "/".join(parts[-cut:])
+        try:
+            m = read_manifest(candidate, rel)
+        except CheckpointCorruptError:
+            continue
+        if m.version == 1 or not m.files or candidate.exists(next(iter(m.files))):
+            return candidate, rel, True
+    raise CheckpointError(
+        f"{text} holds a manifest but no ancestor directory holds its blobs; "
+        "pass the checkpoint inside its storage root"
+    )
+
+
+def summarize(storage: CheckpointStorage, path: str) -> CheckpointSummary:
+    m = read_manifest(storage, path)
+    return CheckpointSummary(
+        path, m.version, m.created_at, m.meta.get("step"),
+        sum(f.size for f in m.files.values()), len(m.files), len(m.arrays), m.tags,
+    )
+
+
+def list_checkpoints(storage: CheckpointStorage, prefix: str = "") -> list[CheckpointSummary | str]:
+    """A summary per checkpoint under ``prefix`` (a str detail for unreadable ones)."""
+    out: list[CheckpointSummary | str] = []
+    for path in list_dir_checkpoints(storage, prefix):
+        try:
+            out.append(summarize(storage, path))
+        except CheckpointCorruptError as e:
+            out.append(f"{path}: {e.detail}")
+    return out
+
+
+def describe_tree(m: Manifest) -> list[tuple[str, str]]:
+    """(key path, description) for every leaf of the state tree: dtype and shape, or value."""
+    rows: list[tuple[str, str]] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, list):
+            for i, x in enumerate(node):
+                walk(x, f"{path}[{i}]")
+            return
+        if not isinstance(node, dict):
+            rows.append((path, repr(node)))
+            return
+        tag = node.get(TAG)
+        if tag is None:
+            for k, x in node.items():
+                walk(x, f"{path}.{k}" if path else k)
+        elif tag in ("ndarray", "tensor"):
+            a = m.arrays[node["ref"]]
+            dtype = a.meta.get("dtype", a.dtype)
+            dev = f" {a.meta['device']}" if a.meta.get("device", "cpu") != "cpu" else ""
+            nbytes = _nbytes(a.dtype, a.shape)
+            rows.append((path, f"{tag} {dtype} {list(a.shape)} {nbytes} B{dev}"))
+        elif tag in ("tuple", "odict"):
+            items = node["items"]
+            walk(items, path)
+        else:
+            rows.append((path, tag))
+
+    walk(m.tree, "")
+    return rows
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    import numpy as np
+
+    n = np.dtype(dtype).itemsize
+    for d in shape:
+        n *= d
+    return n
+
+
+def verify_many(
+    storage: CheckpointStorage, paths: list[str]
+) -> list[tuple[str, str | None]]:
+    """(path, None if it verifies else the failure detail) for each path."""
+    out: list[tuple[str, str | None]] = []
+    for p in paths:
+        try:
+            verify(storage, p)
+            out.append((p, None))
+        except CheckpointCorruptError as e:
+            out.append((p, e.detail))
+    return out

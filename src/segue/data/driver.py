@@ -1,0 +1,304 @@
+"""run_map: a resumable, exactly-once map step over a source into a sink.
+
+Uses only the public StepContext API. The loop is::
+
+    state = ctx.restore()                  # position, sink state, pinned snapshot
+    sink.open(scope, state["sink"])        # roll forward / roll back (two-phase commit)
+    for each shard from the cursor, for each batch from the position:
+        outputs = operator(batch); sink.write(outputs)
+        if ctx.checkpoint_due(records):
+            sink.stage()                   # durable under (run, step, epoch, part) names
+            ctx.checkpoint(state)          # THE commit point
+            sink.publish()                 # rename into place; redone by recovery if we die here
+
+A SIGKILL before the commit loses only staged leftovers (deleted on
+recovery); after it, recovery publishes what the checkpoint names. A pause
+raises Park from ctx.checkpoint *after* the commit, so the covered output is
+published before unwinding. A stale epoch raises FencedError at the commit
+(store) or at the publish (sink fences): nothing is published.
+
+The state is O(1) in the input size except for the pinned snapshot, which is
+O(number of input files): a shard index plus a source position, counters and
+the sink's pending staged parts (those since the previous checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..run.context import Park
+from .errors import DeadLetterThresholdError
+from .operators import Operator, operator, record_bytes
+from .sinks.base import Scope, Sink
+from .sinks.files import JsonlSink
+from .sources.base import BadRecord, Batch, Position, Shard, Source
+
+log = logging.getLogger("segue.data")
+
+STATE_VERSION = 1
+READ_BATCH = 512
+STATS = ("records_in", "records_out", "failures", "bytes_in", "restarts")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When bad records stop the step: more than ``max_failures`` in all, or a
+    failure rate above ``max_failure_rate`` once ``min_records`` were read."""
+
+    max_failures: int | None = 1000
+    max_failure_rate: float | None = 0.05
+    min_records: int = 1000
+
+
+def default_dead_letter(run_id: str, step: str) -> JsonlSink:
+    home = os.environ.get("SEGUE_HOME", ".segue")
+    return JsonlSink(os.path.join(home, "dead-letter", run_id, step), prefix="dead-")
+
+
+class _Unit:
+    """One operator input: consecutive batches of one shard (several for byte-bounded batches)."""
+
+    __slots__ = ("records", "position", "nbytes", "has_bad", "first_ordinal", "start")
+
+    def __init__(self, batches: list[Batch], first_ordinal: int, start: Position) -> None:
+        if len(batches) == 1:
+            self.records = batches[0].records
+        else:
+            self.records = [r for b in batches for r in b.records]
+        self.position = batches[-1].position
+        self.nbytes = sum(b.nbytes for b in batches)
+        self.has_bad = any(b.has_bad for b in batches)
+        self.first_ordinal = first_ordinal
+        self.start = start
+
+
+class MapRun:
+    """One attempt of a data step. Build with :func:`run_map`."""
+
+    def __init__(self, ctx: Any, source: Source, op: Operator, sink: Sink, dead: Sink,
+                 limits: Limits, on_input_change: str, read_batch: int) -> None:
+        self.ctx, self.source, self.op, self.sink, self.dead = ctx, source, op, sink, dead
+        self.limits, self.policy = limits, on_input_change
+        if op.kind == "map_batches" and op.batch_size and not op.batch_bytes:
+            read_batch = op.batch_size
+        elif op.kind == "map_batches":
+            read_batch = 64
+        self.read_batch = read_batch
+        self.stats = dict.fromkeys(STATS, 0)
+        self.t0 = time.monotonic()
+        self.attempt_records = 0
+        self.last_error = ""
+
+    # -- recovery ---------------------------------------------------------------
+    def _restore(self) -> dict[str, Any] | None:
+        state = self.ctx.restore()
+        if state is not None and state.get("v") != STATE_VERSION:
+            raise ValueError(f"data step state version {state.get('v')!r} is not {STATE_VERSION}; "
+                             f"this segue cannot resume it")
+        now = self.source.snapshot()
+        if state is None:
+            self.pin = now
+            self.cursor: dict[str, Any] = {"shard": 0, "position": None}
+        else:
+            self.pin = self.source.pinned(state["pin"], now, self.policy, self.ctx.step)
+            self.cursor = state["cursor"]
+            self.stats.update(state["stats"])
+            self.stats["restarts"] += 1
+        self.shards: list[Shard] = self.source.shards(self.pin)
+        sizes = [s.size() for s in self.shards]
+        self.unit = sizes[0][1] if sizes else "records"
+        self.total = None if any(n is None for n, _ in sizes) else sum(n for n, _ in sizes)
+        self.before = [0]
+        for n, _ in sizes:
+            self.before.append(self.before[-1] + (n or 0))
+        scope = Scope(self.ctx.run_id, self.ctx.step, self.ctx.epoch)
+        self.sink.open(scope, None if state is None else state["sink"])
+        self.dead.open(scope, None if state is None else state["dead"])
+        return state
+
+    # -- the loop ---------------------------------------------------------------
+    def execute(self) -> dict[str, Any]:
+        try:
+            state = self._restore()
+            if state is None or not state.get("done"):
+                self._loop()
+                self._commit(len(self.shards), None, done=True)
+            self.sink.finish()
+            self.dead.finish()
+            return self.summary()
+        finally:
+            self.sink.close()
+            self.dead.close()
+
+    def _units(self, shard: Shard, position: Position) -> Iterator[_Unit]:
+        ordinal = int(position.get("records", 0))
+        op = self.op
+        if op.kind != "map_batches" or not op.batch_bytes:
+            for b in shard.read(position, self.read_batch):
+                yield _Unit([b], ordinal, position)
+                ordinal, position = int(b.position.get("records", 0)), b.position
+            return
+        acc: list[Batch] = []
+        size = 0
+        for b in shard.read(position, self.read_batch):
+            acc.append(b)
+            size += b.nbytes or record_bytes(b.records)
+            if size >= op.batch_bytes:
+                yield _Unit(acc, ordinal, position)
+                ordinal, position, acc, size = int(b.position.get("records", 0)), b.position, [], 0
+        if acc:
+            yield _Unit(acc, ordinal, position)
+
+    def _loop(self) -> None:
+        ctx, stats, sink = self.ctx, self.stats, self.sink
+        want_keys = sink.needs_keys
+        i = int(self.cursor["shard"])
+        pos = self.cursor["position"]
+        while i < len(self.shards):
+            shard = self.shards[i]
+            pos = pos if pos is not None else shard.start()
+            for unit in self._units(shard, pos):
+                res = self.op.apply(unit.records, unit.has_bad, want_keys)
+                if res.outputs:
+                    keys = None
+                    if want_keys and res.origins is not None:
+                        o, k = unit.first_ordinal, shard.key
+                        keys = [f"{k}:{o + a}:{b}" for a, b in res.origins]
+                    sink.write(res.outputs, shard.key, keys)
+                n = len(unit.records)
+                stats["records_in"] += n
+                stats["records_out"] += len(res.outputs)
+                stats["bytes_in"] += unit.nbytes
+                self.attempt_records += n
+                pos = unit.position
+                if res.failures:
+                    self._dead_letter(shard, unit, res.failures)
+                ctx.progress(self._done(i, pos), self.total)
+                if ctx.checkpoint_due(stats["records_in"]):
+                    self._commit(i, pos)
+            i += 1
+            pos = None
+
+    def _dead_letter(self, shard: Shard, unit: _Unit, failures: list[tuple[int, Any, str]]) -> None:
+        rows = []
+        for idx, rec, err in failures:
+            body = {"raw": rec.raw} if type(rec) is BadRecord else {"record": json.loads(json.dumps(rec, default=str))}
+            rows.append({"error": err, "shard": shard.key, "ordinal": unit.first_ordinal + idx,
+                         "batch_start": unit.start, **body})
+        self.dead.write(rows, shard.key, [f"{shard.key}:{r['ordinal']}" for r in rows])
+        self.stats["failures"] += len(rows)
+        self.last_error = failures[-1][2]
+        log.warning("step %s: %d record(s) failed in shard %s (last: %s)", self.ctx.step, len(rows),
+                    shard.key, self.last_error)
+        self._check_limits()
+
+    def _check_limits(self) -> None:
+        lim, f, n = self.limits, self.stats["failures"], self.stats["records_in"]
+        why = None
+        if lim.max_failures is not None and f > lim.max_failures:
+            why = f"more than max_failures={lim.max_failures}"
+        elif lim.max_failure_rate is not None and n >= lim.min_records and f / n > lim.max_failure_rate:
+            why = f"rate {f / n:.3g} above max_failure_rate={lim.max_failure_rate}"
+        if why:
+            # Nothing of the current batch is committed: a resume with a fixed
+            # function processes these records again.
+            raise DeadLetterThresholdError(self.ctx.step, f, n, f"{why}; last error: {self.last_error}",
+                                           self.dead.describe())
+
+    # -- commit -----------------------------------------------------------------
+    def _commit(self, shard_index: int, position: Position | None, done: bool = False) -> None:
+        self.sink.stage()
+        self.dead.stage()
+        state = {
+            "v": STATE_VERSION,
+            "pin": self.pin,
+            "cursor": {"shard": shard_index, "position": position},
+            "sink": self.sink.state(),
+            "dead": self.dead.state(),
+            "stats": dict(self.stats),
+            "done": done,
+        }
+        done_units = self.total if done and self.total is not None else self._done(shard_index, position)
+        self.ctx.progress(done_units, self.total)
+        try:
+            self.ctx.checkpoint(state, position=self._position(shard_index, done_units))
+        except Park:
+            self._publish()  # the checkpoint committed before Park was raised
+            raise
+        self._publish()
+
+    def _publish(self) -> None:
+        self.sink.publish()
+        self.dead.publish()
+
+    # -- progress ---------------------------------------------------------------
+    def _done(self, i: int, position: Position | None) -> float:
+        if i >= len(self.shards):
+            return float(self.before[-1])
+        within = 0 if position is None else self.shards[i].done(position)
+        return float(self.before[i] + within)
+
+    def _position(self, i: int, done: float) -> dict[str, Any]:
+        elapsed = max(time.monotonic() - self.t0, 1e-9)
+        rate = self.attempt_records / elapsed
+        eta = None
+        if self.total is not None and done > 0 and self.attempt_records:
+            unit_rate = rate * (self.stats["bytes_in"] / max(self.stats["records_in"], 1)
+                                if self.unit == "bytes" else 1.0)
+            eta = round((self.total - done) / unit_rate, 1) if unit_rate > 0 else None
+        shard = self.shards[i].key if i < len(self.shards) else None
+        return {"shard": shard, "shard_index": i, "shards": len(self.shards), "unit": self.unit,
+                "done": done, "total": self.total, "rate_rps": round(rate, 1), "eta_s": eta,
+                **self.stats}
+
+    def summary(self) -> dict[str, Any]:
+        # Only what a clean and an interrupted run agree on: restarts are in the
+        # checkpoint position (and `segue status`), not in the step's output.
+        stats = {k: v for k, v in self.stats.items() if k != "restarts"}
+        return {**stats, "shards": len(self.shards), "sink": self.sink.describe(),
+                "dead_letter": self.dead.describe()}
+
+
+def run_map(
+    ctx: Any,
+    source: Source,
+    fn: Callable[..., Any] | Operator,
+    sink: Sink,
+    *,
+    kind: str = "map",
+    batch_size: int | None = None,
+    batch_bytes: int | None = None,
+    dead_letter: Sink | None = None,
+    max_failures: int | None = 1000,
+    max_failure_rate: float | None = 0.05,
+    min_records_for_rate: int = 1000,
+    on_input_change: str | None = None,
+    read_batch: int = READ_BATCH,
+) -> dict[str, Any]:
+    """Apply ``fn`` to every record of ``source`` and write the results to ``sink``, exactly once.
+
+    ``kind``: ``map`` (one output per record), ``filter`` (keep records for
+    which fn is true), ``flat_map`` (fn returns an iterable), ``map_batches``
+    (fn takes and returns a list; batches of ``batch_size`` records or about
+    ``batch_bytes`` input bytes). Records whose fn raises go to
+    ``dead_letter`` (default: JSONL under $SEGUE_HOME/dead-letter/RUN/STEP)
+    until the limits are passed, then DeadLetterThresholdError.
+    ``on_input_change``: ``fail``, ``pin`` or ``include-new``; by default what the
+    operator chose with ``segue run/resume --on-input-change`` (``fail`` if nothing).
+    Returns counters.
+    """
+    if on_input_change is None:
+        on_input_change = os.environ.get("SEGUE_ON_INPUT_CHANGE", "fail")
+    op = fn if isinstance(fn, Operator) else operator(kind, fn, batch_size=batch_size,
+                                                      batch_bytes=batch_bytes)
+    if on_input_change not in ("fail", "pin", "include-new"):
+        raise ValueError(f"on_input_change must be 'fail', 'pin' or 'include-new', not {on_input_change!r}")
+    dead = dead_letter if dead_letter is not None else default_dead_letter(ctx.run_id, ctx.step)
+    limits = Limits(max_failures, max_failure_rate, min_records_for_rate)
+    return MapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch).execute()

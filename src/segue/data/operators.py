@@ -1,0 +1,118 @@
+"""The per-batch operators: map, filter, flat_map, map_batches.
+
+An operator turns one unit of input (a batch read from a shard) into output
+records plus the failures (input index, record, error). A failing record
+never stops the batch: it is set aside for the dead-letter sink. Outputs keep
+the input order, and ``origins`` says which input record each output came
+from (the external-call sink derives idempotency keys from it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .sources.base import BadRecord
+
+KINDS = ("map", "filter", "flat_map", "map_batches")
+_FAILED = object()
+
+
+@dataclass
+class Result:
+    outputs: list[Any]
+    failures: list[tuple[int, Any, str]] = field(default_factory=list)
+    origins: list[tuple[int, int]] | None = None  # (input index, output index within it)
+
+
+@dataclass(frozen=True)
+class Operator:
+    """What a data step applies; build one with :func:`operator`."""
+
+    kind: str
+    fn: Callable[..., Any]
+    batch_size: int | None = None
+    batch_bytes: int | None = None
+
+    def apply(self, records: Sequence[Any], has_bad: bool, want_origins: bool) -> Result:
+        if self.kind == "map_batches":
+            return self._batch(records, has_bad, want_origins)
+        res, failures = _each(self.fn, records, has_bad)
+        if self.kind == "map":
+            outs = res if not failures else [x for x in res if x is not _FAILED]
+            origins = [(i, 0) for i, x in enumerate(res) if x is not _FAILED] if want_origins else None
+        elif self.kind == "filter":
+            keep = [i for i, k in enumerate(res) if k is not _FAILED and k]
+            outs = [records[i] for i in keep]
+            origins = [(i, 0) for i in keep] if want_origins else None
+        else:  # flat_map
+            outs, origins = [], [] if want_origins else None
+            for i, ys in enumerate(res):
+                if ys is _FAILED:
+                    continue
+                if origins is None:
+                    outs.extend(ys)
+                else:
+                    for j, y in enumerate(ys):
+                        outs.append(y)
+                        origins.append((i, j))
+        return Result(outs, failures, origins)
+
+    def _batch(self, records: Sequence[Any], has_bad: bool, want_origins: bool) -> Result:
+        failures: list[tuple[int, Any, str]] = []
+        good = list(records)
+        if has_bad:
+            failures = [(i, r, r.error) for i, r in enumerate(records) if type(r) is BadRecord]
+            good = [r for r in records if type(r) is not BadRecord]
+        if not good:
+            return Result([], failures, [] if want_origins else None)
+        try:
+            outs = list(self.fn(good))
+        except Exception as exc:  # noqa: BLE001 - the whole batch goes to the dead-letter sink
+            err = f"{type(exc).__name__}: {exc}"
+            return Result([], failures + [(i, r, err) for i, r in enumerate(records)
+                                          if type(r) is not BadRecord], [] if want_origins else None)
+        origins = [(0, j) for j in range(len(outs))] if want_origins else None
+        return Result(outs, failures, origins)
+
+
+def _each(fn: Callable[[Any], Any], records: Sequence[Any], has_bad: bool) -> tuple[list[Any], list]:
+    """fn over records, 1:1, with _FAILED where it raised (the fast path has no per-record try)."""
+    res: list[Any] = []
+    failures: list[tuple[int, Any, str]] = []
+    append = res.append
+    n = len(records)
+    while len(res) < n:
+        try:
+            if has_bad:
+                for r in records[len(res):]:
+                    if type(r) is BadRecord:
+                        failures.append((len(res), r, r.error))
+                        append(_FAILED)
+                    else:
+                        append(fn(r))
+            else:
+                for r in records[len(res):] if res else records:
+                    append(fn(r))
+        except Exception as exc:  # noqa: BLE001 - a bad record goes to the dead-letter sink
+            failures.append((len(res), records[len(res)], f"{type(exc).__name__}: {exc}"))
+            append(_FAILED)
+    return res, failures
+
+
+def operator(kind: str, fn: Callable[..., Any], *, batch_size: int | None = None,
+             batch_bytes: int | None = None) -> Operator:
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, not {kind!r}")
+    if kind != "map_batches" and (batch_size or batch_bytes):
+        raise ValueError("batch_size and batch_bytes apply to kind='map_batches' only")
+    if kind == "map_batches" and not (batch_size or batch_bytes):
+        batch_size = 1024
+    return Operator(kind, fn, batch_size, batch_bytes)
+
+
+def record_bytes(records: Sequence[Any]) -> int:
+    """An estimate of records' size for byte-bounded batches when the source cannot tell."""
+    return sum(len(json.dumps(r, default=str)) + 1 for r in records)

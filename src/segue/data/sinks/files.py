@@ -1,0 +1,219 @@
+"""File sinks (JSONL, Parquet): staged parts renamed into place after the commit.
+
+Layout of an output directory ``OUT``::
+
+    OUT/part-SHARD-PART.jsonl                    published (deterministic names)
+    OUT/.segue-staging/RUN/STEP/FENCE            highest epoch that opened the sink (kept)
+    OUT/.segue-staging/RUN/STEP/eEPOCH-pPART-SHARD.jsonl   staged, not yet committed
+
+Staging lives on the same filesystem, so publishing one part is one atomic
+``os.replace``. A directory (and ``prefix``) belongs to one step of one run.
+Only local paths are supported: object stores have no rename (to do: write
+the parts in place and a manifest last).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from .._fsio import fence, fsync_dir
+from ..errors import DataError, StagedOutputLostError
+from .base import Scope, Sink
+
+
+class FileSink(Sink):
+    ext = ""
+
+    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "") -> None:
+        self.directory = os.path.abspath(os.fspath(directory))
+        self.prefix = prefix
+        self._final = re.compile(rf"^{re.escape(prefix)}part-[A-Za-z0-9.]+-(\d{{8}}){re.escape(self.ext)}$")
+        self._scope: Scope | None = None
+        self._next_part = 0
+        self._pending: list[dict[str, Any]] = []
+        self._cur: dict[str, Any] | None = None  # the open part
+
+    # -- naming ---------------------------------------------------------------
+    @property
+    def staging(self) -> str:
+        if self._scope is None:
+            raise RuntimeError("sink used before open()")
+        return os.path.join(self.directory, ".segue-staging", self._scope.run_id, self._scope.step)
+
+    def final_name(self, shard: str, part: int) -> str:
+        return f"{self.prefix}part-{shard}-{part:08d}{self.ext}"
+
+    # -- format hooks -----------------------------------------------------------
+    def _open_file(self, path: str) -> Any:
+        raise NotImplementedError
+
+    def _append(self, handle: Any, records: Sequence[Any]) -> None:
+        raise NotImplementedError
+
+    def _close_file(self, handle: Any) -> None:
+        raise NotImplementedError
+
+    # -- protocol ---------------------------------------------------------------
+    def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
+        self._scope = scope
+        os.makedirs(self.directory, exist_ok=True)
+        with fence(self.staging, scope.epoch, advance=True):
+            if state is not None:
+                self._roll_forward(state["pending"])
+                self._roll_back_published(int(state["next_part"]))
+            keep = {"FENCE"}
+            for name in os.listdir(self.staging):
+                if name not in keep:
+                    os.unlink(os.path.join(self.staging, name))
+        self._next_part = 0 if state is None else int(state["next_part"])
+        self._pending = []
+
+    def _roll_forward(self, pending: list[dict[str, Any]]) -> None:
+        for p in pending:
+            staged = os.path.join(self.staging, p["staged"])
+            final = os.path.join(self.directory, p["final"])
+            if os.path.exists(staged):
+                os.replace(staged, final)
+            elif not os.path.exists(final):
+                raise StagedOutputLostError(
+                    f"committed output {p['staged']} of {self.directory} is neither staged nor published; "
+                    f"the staging area was modified outside segue"
+                )
+        if pending:
+            fsync_dir(self.directory)
+
+    def _roll_back_published(self, next_part: int) -> None:
+        # Parts at or past next_part were published by a checkpoint newer than
+        # the one restored (it was quarantined); they will be produced again.
+        for name in os.listdir(self.directory):
+            m = self._final.match(name)
+            if m and int(m.group(1)) >= next_part:
+                os.unlink(os.path.join(self.directory, name))
+
+    def write(self, records: Sequence[Any], shard: str, keys: Sequence[str] | None = None) -> None:
+        if not records:
+            return
+        if self._cur is not None and self._cur["shard"] != shard:
+            self._close_part()
+        if self._cur is None:
+            if self._scope is None:
+                raise RuntimeError("sink used before open()")
+            part = self._next_part
+            self._next_part += 1
+            staged = f"e{self._scope.epoch}-p{part:08d}-{shard}{self.ext}"
+            self._cur = {"shard": shard, "part": part, "staged": staged, "records": 0,
+                         "handle": self._open_file(os.path.join(self.staging, staged))}
+        self._append(self._cur["handle"], records)
+        self._cur["records"] += len(records)
+
+    def _close_part(self) -> None:
+        cur, self._cur = self._cur, None
+        if cur is None:
+            return
+        self._close_file(cur["handle"])
+        self._pending.append({"staged": cur["staged"], "final": self.final_name(cur["shard"], cur["part"]),
+                              "records": cur["records"]})
+
+    def stage(self) -> None:
+        self._close_part()
+        if self._pending:
+            fsync_dir(self.staging)
+
+    def state(self) -> dict[str, Any]:
+        if self._cur is not None:
+            raise DataError("sink state taken with an open part; call stage() first")
+        return {"next_part": self._next_part, "pending": list(self._pending)}
+
+    def publish(self) -> None:
+        if self._scope is None:
+            raise RuntimeError("sink used before open()")
+        if not self._pending:
+            return
+        with fence(self.staging, self._scope.epoch, advance=False):
+            for p in self._pending:
+                os.replace(os.path.join(self.staging, p["staged"]), os.path.join(self.directory, p["final"]))
+            fsync_dir(self.directory)
+        self._pending = []
+
+    def finish(self) -> None:
+        # Keep FENCE: it is what refuses a zombie's publish after the step is done.
+        for name in os.listdir(self.staging):
+            if name != "FENCE":
+                path = os.path.join(self.staging, name)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+    def close(self) -> None:
+        if self._cur is not None:
+            try:
+                self._cur["handle"].close()
+            except Exception:  # noqa: BLE001 - an aborted attempt; recovery deletes the file
+                pass
+            self._cur = None
+
+    def describe(self) -> str:
+        return self.directory
+
+
+class JsonlSink(FileSink):
+    """One JSON document per line; parts are UTF-8 text."""
+
+    ext = ".jsonl"
+
+    def _open_file(self, path: str) -> Any:
+        return open(path, "wb", buffering=1 << 20)
+
+    def _append(self, handle: Any, records: Sequence[Any]) -> None:
+        dumps = json.dumps
+        handle.write(("\n".join([dumps(r) for r in records]) + "\n").encode())
+
+    def _close_file(self, handle: Any) -> None:
+        handle.flush()
+        os.fsync(handle.fileno())
+        handle.close()
+
+
+class ParquetSink(FileSink):
+    """Parquet parts; the schema is inferred from a part's first rows (dict records)."""
+
+    ext = ".parquet"
+
+    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "",
+                 row_group_rows: int = 65_536) -> None:
+        super().__init__(directory, prefix=prefix)
+        self.row_group_rows = row_group_rows
+
+    def _open_file(self, path: str) -> Any:
+        return {"path": path, "writer": None, "buf": [], "schema": None}
+
+    def _flush(self, h: dict[str, Any]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not h["buf"]:
+            return
+        table = pa.Table.from_pylist(h["buf"], schema=h["schema"])
+        if h["writer"] is None:
+            h["schema"] = table.schema
+            h["writer"] = pq.ParquetWriter(h["path"], table.schema)
+        h["writer"].write_table(table)
+        h["buf"] = []
+
+    def _append(self, handle: Any, records: Sequence[Any]) -> None:
+        handle["buf"].extend(records)
+        if len(handle["buf"]) >= self.row_group_rows:
+            self._flush(handle)
+
+    def _close_file(self, handle: Any) -> None:
+        self._flush(handle)
+        if handle["writer"] is not None:
+            handle["writer"].close()
+        fd = os.open(handle["path"], os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

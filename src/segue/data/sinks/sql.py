@@ -1,0 +1,188 @@
+"""A SQL table sink (SQLite, PostgreSQL): staged rows, published with a ledger row.
+
+Rows are staged in ``segue_staged_TABLE`` tagged ``RUN/STEP/eEPOCH/pPART``.
+After the checkpoint commits, one database transaction copies a part's rows
+into the table, deletes them from staging and advances the ledger row
+``segue_sink_ledger(run_id, step, sink) -> (epoch, committed)``: the rows and
+the position they reach are written together, so a publish repeated after a
+crash finds the part already counted and skips it. ``mode="upsert"`` copies
+with ``ON CONFLICT (key) DO UPDATE`` instead, idempotent even without the
+ledger. Every publish first checks the ledger epoch: a zombie is refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ...errors import FencedError
+from .._sql import Db, ident
+from ..errors import DataError
+from .base import Scope, Sink
+
+LEDGER = """CREATE TABLE IF NOT EXISTS segue_sink_ledger (
+    run_id TEXT NOT NULL, step TEXT NOT NULL, sink TEXT NOT NULL,
+    epoch BIGINT NOT NULL, committed BIGINT NOT NULL,
+    PRIMARY KEY (run_id, step, sink))"""
+
+
+class SqlSink(Sink):
+    """Insert dict records into ``table`` (which must exist) with exactly-once semantics."""
+
+    def __init__(self, url: str, table: str, columns: Sequence[str], *, mode: str = "transactional",
+                 key: Sequence[str] = ()) -> None:
+        if mode not in ("transactional", "upsert"):
+            raise ValueError(f"mode must be 'transactional' or 'upsert', not {mode!r}")
+        if mode == "upsert" and not key:
+            raise ValueError("mode='upsert' needs key=[columns of a unique index]")
+        self.url = url
+        self.table = ident(table)
+        self.columns = [ident(c) for c in columns]
+        self.mode = mode
+        self.key = [ident(k) for k in key]
+        self.staged_table = f"segue_staged_{self.table.replace('.', '_')}"
+        self._db: Db | None = None
+        self._scope: Scope | None = None
+        self._buf: list[tuple[Any, ...]] = []
+        self._next_part = 0
+        self._pending: list[int] = []
+
+    @property
+    def db(self) -> Db:
+        if self._db is None:
+            self._db = Db(self.url)
+        return self._db
+
+    @property
+    def scope(self) -> Scope:
+        if self._scope is None:
+            raise RuntimeError("sink used before open()")
+        return self._scope
+
+    def _tag(self, part: int, epoch: int | None = None) -> str:
+        s = self.scope
+        return f"{s.prefix}e{s.epoch if epoch is None else epoch}/p{part:08d}"
+
+    def _txn_fenced(self, advance: bool) -> int:
+        """BEGIN, lock the ledger row, check the epoch; returns the committed part count."""
+        s, db = self.scope, self.db
+        db.begin()
+        args = (s.run_id, s.step, self.table)
+        lock = " FOR UPDATE" if db.dialect == "postgres" else ""
+        row = db.execute("SELECT epoch, committed FROM segue_sink_ledger WHERE run_id = ? AND step = ? "
+                         f"AND sink = ?{lock}", args).fetchone()
+        if row is None:
+            db.execute("INSERT INTO segue_sink_ledger VALUES (?, ?, ?, ?, 0)", (*args, s.epoch))
+            return 0
+        if row[0] > s.epoch:
+            db.rollback()
+            raise FencedError(f"publish to {self.table} from epoch {s.epoch} rejected: epoch {row[0]} "
+                              f"owns it; this attempt must stop")
+        if advance and row[0] != s.epoch:
+            db.execute("UPDATE segue_sink_ledger SET epoch = ? WHERE run_id = ? AND step = ? AND sink = ?",
+                       (s.epoch, *args))
+        return int(row[1])
+
+    def _publish_parts(self, parts: list[tuple[int, int]], committed: int) -> None:
+        """Inside a fenced transaction: copy staged parts (part, epoch) not yet counted."""
+        cols = ", ".join(self.columns)
+        conflict = ""
+        if self.mode == "upsert":
+            sets = ", ".join(f"{c} = excluded.{c}" for c in self.columns if c not in self.key) or None
+            conflict = f" ON CONFLICT ({', '.join(self.key)}) DO " + (f"UPDATE SET {sets}" if sets else "NOTHING")
+        top = committed
+        for part, epoch in parts:
+            if part < committed:
+                continue  # published before a crash: the ledger says so
+            tag = self._tag(part, epoch)
+            self.db.execute(f"INSERT INTO {self.table} ({cols}) SELECT {cols} FROM {self.staged_table} "
+                            f"WHERE segue_tag = ?{conflict}", (tag,))
+            self.db.execute(f"DELETE FROM {self.staged_table} WHERE segue_tag = ?", (tag,))
+            top = max(top, part + 1)
+        if top != committed:
+            s = self.scope
+            self.db.execute("UPDATE segue_sink_ledger SET committed = ? WHERE run_id = ? AND step = ? "
+                            "AND sink = ?", (top, s.run_id, s.step, self.table))
+
+    def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
+        self._scope = scope
+        db = self.db
+        cols = ", ".join(self.columns)
+        for ddl in (LEDGER, f"CREATE TABLE IF NOT EXISTS {self.staged_table} AS SELECT {cols}, "
+                            f"CAST(NULL AS TEXT) AS segue_tag FROM {self.table} WHERE 1 = 0"):
+            try:
+                db.execute(ddl)
+            except Exception:  # noqa: BLE001 - a concurrent creator won the race
+                db.rollback()
+        try:
+            committed = self._txn_fenced(advance=True)
+            next_part = 0 if state is None else int(state["next_part"])
+            if committed > next_part:
+                raise DataError(
+                    f"table {self.table} already holds output past the restored checkpoint "
+                    f"(part {committed} > {next_part}): a newer checkpoint was quarantined; "
+                    f"start a new run into a clean table"
+                )
+            if state is not None:
+                self._publish_parts([(p["part"], p["epoch"]) for p in state["pending"]], committed)
+            keep = [self._tag(p["part"], p["epoch"]) for p in (state or {}).get("pending", [])]
+            pre = scope.prefix
+            db.execute(f"DELETE FROM {self.staged_table} WHERE substr(segue_tag, 1, ?) = ?"
+                       + "".join(" AND segue_tag <> ?" for _ in keep), (len(pre), pre, *keep))
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        self._next_part = next_part
+        self._pending = []
+
+    def write(self, records: Sequence[Any], shard: str, keys: Sequence[str] | None = None) -> None:
+        cols = self.columns
+        self._buf.extend(tuple(r[c] for c in cols) for r in records)
+
+    def stage(self) -> None:
+        if not self._buf:
+            return
+        part = self._next_part
+        tag = self._tag(part)
+        marks = ", ".join("?" for _ in range(len(self.columns) + 1))
+        db = self.db
+        db.begin()
+        try:
+            db.executemany(f"INSERT INTO {self.staged_table} ({', '.join(self.columns)}, segue_tag) "
+                           f"VALUES ({marks})", [(*row, tag) for row in self._buf])
+            db.commit()
+        except BaseException:
+            db.rollback()
+            raise
+        self._next_part += 1
+        self._pending.append(part)
+        self._buf = []
+
+    def state(self) -> dict[str, Any]:
+        s = self.scope
+        return {"next_part": self._next_part, "pending": [{"part": p, "epoch": s.epoch} for p in self._pending]}
+
+    def publish(self) -> None:
+        if not self._pending:
+            return
+        s = self.scope
+        try:
+            committed = self._txn_fenced(advance=False)
+            self._publish_parts([(p, s.epoch) for p in self._pending], committed)
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
+        self._pending = []
+
+    def finish(self) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def describe(self) -> str:
+        return f"table {self.table}"
