@@ -55,7 +55,7 @@ def check_output(segue: Segue, run: str, n: int) -> dict[str, Any]:
 
 def test_urgent_run_preempts_batch_which_resumes_by_itself(segue: Segue) -> None:
     setup_pool(segue, 1)
-    start(segue, "low", "batch", 400)
+    start(segue, "low", "batch", 800)
     wait_for(lambda: running(segue, "low") and progressed(segue, "low", 30), 30, "low to run")
     t0 = time.monotonic()
     start(segue, "hi", "urgent", 60)
@@ -70,7 +70,7 @@ def test_urgent_run_preempts_batch_which_resumes_by_itself(segue: Segue) -> None
     segue.wait_state("hi", {"SUCCEEDED"}, 60)
     segue.wait_state("low", {"SUCCEEDED"}, 90)
     check_output(segue, "hi", 60)
-    out = check_output(segue, "low", 400)
+    out = check_output(segue, "low", 800)
     assert all(s["devices"] == "0" for s in out["seen"])  # each attempt saw exactly its device
     hi_events = [e["reason"] for e in segue.events("hi") if e["kind"] == "scheduler"]
     assert any(r.startswith("preempting low (batch") for r in hi_events), hi_events
@@ -86,8 +86,8 @@ def test_urgent_run_preempts_batch_which_resumes_by_itself(segue: Segue) -> None
 
 def test_two_victims_for_a_two_gpu_run(segue: Segue) -> None:
     setup_pool(segue, 2)
-    start(segue, "b1", "batch", 300)
-    start(segue, "b2", "batch", 300)
+    start(segue, "b1", "batch", 800)
+    start(segue, "b2", "batch", 800)
     wait_for(lambda: running(segue, "b1") and running(segue, "b2"), 30, "both batch runs")
     devs = {work(segue, "b1")["pid"], work(segue, "b2")["pid"]}
     assert len(devs) == 2
@@ -98,20 +98,20 @@ def test_two_victims_for_a_two_gpu_run(segue: Segue) -> None:
         segue.wait_state(r, {"SUCCEEDED"}, 90)
     out = check_output(segue, "big", 40)
     assert out["seen"][0]["devices"] == "0,1"
-    check_output(segue, "b1", 300)
-    check_output(segue, "b2", 300)
+    check_output(segue, "b1", 800)
+    check_output(segue, "b2", 800)
 
 
 def test_victim_that_ignores_the_pause_is_killed_and_stays_correct(segue: Segue) -> None:
     setup_pool(segue, 1)
-    start(segue, "stubborn", "batch", 400, "-p", "ignore_pause=true", env={"SEGUE_PAUSE_DEADLINE_S": "0.5"})
+    start(segue, "stubborn", "batch", 800, "-p", "ignore_pause=true", env={"SEGUE_PAUSE_DEADLINE_S": "0.5"})
     wait_for(lambda: running(segue, "stubborn") and work(segue, "stubborn")["last_checkpoint"], 30, "run")
     start(segue, "hi", "urgent", 30)
     wait_for(lambda: running(segue, "hi"), 30, "urgent run")
     assert any("killed at the pause deadline" in e["reason"] for e in segue.events("stubborn"))
     segue.wait_state("hi", {"SUCCEEDED"}, 60)
     segue.wait_state("stubborn", {"SUCCEEDED"}, 90)
-    check_output(segue, "stubborn", 400)
+    check_output(segue, "stubborn", 800)
     assert segue.status("stubborn")["accounting"]["work_redone_seconds"] > 0
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError, StateTypeError
-from . import _torch
+from . import _jax, _torch
 
 TAG = "__segue__"
 GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
@@ -121,6 +121,11 @@ class _Encoder:
                     v, path, f"holds a tensor of dtype {v.dtype}, which numpy cannot hold"
                 )
             return {TAG: "tensor", "ref": self.array(*host)}
+        if _jax.is_array(v):
+            host = _jax.to_numpy(v)
+            if host is None:
+                return self.opaque(v, path, f"holds a sharded or {v.dtype} JAX array")
+            return {TAG: "jax", "ref": self.array(*host)}
         return self.opaque(v, path, f"holds a {_type_name(v)}")
 
     def mapping(self, d: dict[Any, Any], path: str) -> Any:
@@ -147,6 +152,7 @@ class _Encoder:
 def encode(state: Any, *, allow_pickle: bool = False) -> Encoded:
     """Split ``state`` into a JSON tree, host arrays and (only if allowed) pickled blobs."""
     enc = _Encoder(allow_pickle)
+    _torch.begin_encode()
     enc.out.tree = enc.encode(state, "state")
     return enc.out
 
@@ -212,6 +218,8 @@ class _Decoder:
             return self.array(v)[0]
         if tag == "tensor":
             return _torch.from_numpy(*self.array(v))
+        if tag == "jax":
+            return _jax.from_numpy(*self.array(v))
         if tag == "generator":
             if v["bit_generator"] not in GENERATORS:
                 raise MalformedTreeError(f"{path}: unknown bit generator {v['bit_generator']!r}")

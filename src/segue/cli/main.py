@@ -225,7 +225,9 @@ def cmd_cancel(a: argparse.Namespace, home: Home) -> int:
 
 def cmd_events(a: argparse.Namespace, home: Home) -> int:
     ops.require_home(home)
-    events = home.open_store().list_events(a.run) if home.open_store().get_run(a.run) else []
+    store = home.open_store()
+    store.get_run(a.run)  # an unknown run is an error, not an empty list
+    events = store.list_events(a.run)
     if a.json:
         print_json([dataclasses.asdict(e) for e in events])
     else:
