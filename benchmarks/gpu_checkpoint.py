@@ -70,14 +70,21 @@ def main(argv: list[str] | None = None) -> None:
         # segue: async save straight from the device.
         storage = LocalStorage(tmp / "segue")
         ck = Checkpointer(storage)
-        t0 = time.perf_counter()
-        fut = ck.save_async("ckpt/1", {"model": state})
-        block = time.perf_counter() - t0
-        fut.result()
-        save_total = time.perf_counter() - t0
+        blocks, totals = [], []
+        for i in range(3):  # the first save allocates the reused pinned and host buffers
+            if i:
+                for v in list(state.values())[:n_large]:
+                    v.add_(1.0)  # new content, so nothing is deduplicated away
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fut = ck.save_async(f"ckpt/{i + 1}", {"model": state})
+            blocks.append(time.perf_counter() - t0)
+            fut.result()
+            totals.append(time.perf_counter() - t0)
         ck.close()
+        block, save_total = min(blocks[1:]), min(totals[1:])
         t0 = time.perf_counter()
-        back = load(storage, "ckpt/1").state["model"]
+        back = load(storage, "ckpt/3").state["model"]
         torch.cuda.synchronize()
         restore = time.perf_counter() - t0
         equal = all(back[k].device.type == "cuda" and torch.equal(back[k], state[k]) for k in state)
@@ -100,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
             "d2h_pageable_s": round(d2h_pageable, 4),
             "raw_fsync_write_s": round(raw_write, 4),
             "segue_block_s": round(block, 4),
+            "segue_block_first_save_s": round(blocks[0], 4),
             "segue_save_s": round(save_total, 4),
             "segue_restore_to_gpu_s": round(restore, 4),
             "torch_save_s": round(torch_save, 4),

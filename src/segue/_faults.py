@@ -3,7 +3,7 @@
 ``SEGUE_FAULTS="checkpoint.blobs_written:kill,worker.after_commit:raise:2"``
 arms two points. Actions: ``kill`` (SIGKILL this process), ``raise``
 (:class:`~segue.errors.InjectedFault`), ``exit`` (``os._exit(70)``), ``stop``
-(SIGSTOP this process). The optional count fires the action on the N-th hit
+(SIGSTOP this process), ``enospc`` (``OSError(ENOSPC)``, a full disk). The optional count fires the action on the N-th hit
 only (1-based), so a test can kill at "the third checkpoint".
 
 ``SEGUE_FAULTS_IN=worker`` (or ``controller``) arms them only in processes of
@@ -15,6 +15,7 @@ Unarmed points cost one dict lookup: they are safe to leave in hot paths.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -31,7 +32,7 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
         name = parts[0]
         action = parts[1] if len(parts) > 1 else "raise"
         nth = int(parts[2]) if len(parts) > 2 else 1
-        if action not in ("kill", "raise", "exit", "stop"):
+        if action not in ("kill", "raise", "exit", "stop", "enospc"):
             raise ValueError(f"SEGUE_FAULTS: unknown action {action!r} for point {name!r}")
         armed[name] = (action, nth)
     return armed
@@ -61,6 +62,8 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action == "exit":
         os._exit(70)
+    elif action == "enospc":
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), f"(injected at {name})")
     raise InjectedFault(f"injected fault at {name}")
 
 

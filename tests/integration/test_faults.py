@@ -148,3 +148,26 @@ def test_torch_rng_resumes_exactly(segue: Segue) -> None:
     assert set(a) == set(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_full_disk_fails_clearly_and_loses_nothing(segue: Segue, counter_ref: Any) -> None:
+    run = "full"
+    quick = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}  # run options are set here
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=2000", "-p", "sleep=0.004", env=quick,
+          check=True)
+    wait_for(lambda: segue.step(run, "count")["last_checkpoint"], 30, "a checkpoint")
+    assert segue("pause", run, "--wait").returncode == 0
+    before = segue.step(run, "count")["last_checkpoint"]
+    # The disk is full now: every save fails at its first blob.
+    env = {"SEGUE_FAULTS": "checkpoint.blob_written:enospc", "SEGUE_FAULTS_IN": "worker"}
+    proc = segue("resume", run, env=env)
+    assert proc.returncode == 1
+    step = segue.step(run, "count")
+    assert step["error"].startswith("disk full: no space left on the device of ")
+    assert step["error"].endswith(f"then `segue resume {run}`; committed checkpoints are intact")
+    assert step["last_checkpoint"]["seq"] == before["seq"]  # nothing committed, nothing lost
+    warnings = [e for e in segue.events(run) if e["kind"] == "warning"]
+    assert any("could not be saved (OSError" in e["reason"] for e in warnings)
+    proc = segue("resume", run)  # space is back
+    assert proc.returncode == 0, proc.stderr
+    assert segue.output(run, "count")["acc"] == counter_ref(2000)["count"]["acc"]

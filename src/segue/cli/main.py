@@ -27,7 +27,7 @@ from ..run.status import run_status
 from ..scheduler.policy import parse_priority
 from ..states import Actor, RunState
 from . import ckpt_run, sched, verify
-from .render import RunDisplay, event_line, fmt_time, print_json
+from .render import RunDisplay, event_line, fmt_time, position_detail, print_json
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
 EXIT_USAGE = 2
@@ -181,11 +181,8 @@ def cmd_status(a: argparse.Namespace, home: Home) -> int:
         prog = "-" if p["done"] is None else f"{p['done']:.0f}/{p['total'] or '?'}"
         ck = s["last_checkpoint"]
         ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
-        pos = ck["position"] if ck else None
-        if isinstance(pos, dict) and "rate_rps" in pos:  # a data step: records, rate, ETA
-            eta = "-" if pos.get("eta_s") is None else f"{pos['eta_s']:.0f}s"
-            ckt += (f" ({pos.get('records_in', 0)} records in, {pos.get('records_out', 0)} out, "
-                    f"{pos.get('failures', 0)} failed, {pos['rate_rps']:.0f}/s, eta {eta})")
+        if ck and (detail := position_detail(ck["position"])):
+            ckt += f" ({detail})"
         line = f"  {s['name']:<16} {s['state']:<10} progress {prog:<14} attempts {s['attempts']}  ckpt {ckt}"
         if s["pid"]:
             line += f"  pid {s['pid']}"

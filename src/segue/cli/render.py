@@ -27,9 +27,34 @@ def event_line(e: Event) -> str:
     return f"{fmt_time(e.time)} [{e.actor}] {who}{e.kind} {move}({e.reason})"
 
 
-def task_table(run: RunRecord, tasks: list[TaskRecord]) -> Table:
+def position_detail(position: Any) -> str:
+    """What a step's last checkpoint says about it, in a few words."""
+    if not isinstance(position, dict):
+        return ""
+    if "rate_rps" in position:  # a data step
+        eta = position.get("eta_s")
+        parts = [f"{position.get('records_in', 0):,} rec", f"{position['rate_rps']:,.0f}/s"]
+        if eta is not None:
+            parts.append(f"eta {eta:.0f}s")
+        if position.get("failures"):
+            parts.append(f"{position['failures']} failed")
+        if position.get("workers"):
+            parts.append(f"{position['workers']} workers, {position.get('splits', 0)} splits")
+        return ", ".join(parts)
+    return ", ".join(f"{k} {v}" for k, v in list(position.items())[:3])
+
+
+def latest_positions(store: Store, run_id: str) -> dict[str, str]:
+    out: dict[str, tuple[int, str]] = {}
+    for c in store.list_checkpoints(run_id):
+        if c.step not in out or c.seq > out[c.step][0]:
+            out[c.step] = (c.seq, f"#{c.seq} " + position_detail(c.position))
+    return {k: v for k, (_, v) in out.items()}
+
+
+def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] | None = None) -> Table:
     table = Table(title=f"run {run.run_id}  [bold]{run.state.value}[/bold]", expand=False)
-    for col in ("step", "state", "progress", "done/total", "attempts", "pid"):
+    for col in ("step", "state", "progress", "done/total", "attempts", "pid", "last checkpoint"):
         table.add_column(col)
     for t in tasks:
         done, total = t.progress_done, t.progress_total
@@ -39,7 +64,7 @@ def task_table(run: RunRecord, tasks: list[TaskRecord]) -> Table:
         else:
             bar, frac = "", "-" if done is None else f"{done:.0f}"
         table.add_row(t.step, t.state.value, bar, frac, str(t.attempts),
-                      str(t.pid) if t.pid else "-")
+                      str(t.pid) if t.pid else "-", (details or {}).get(t.step, "-"))
     return table
 
 
@@ -64,7 +89,8 @@ class RunDisplay:
         self.flush_events()
         if self.live is not None:
             # The last frame shows where the run ended, not the last throttled tick.
-            self.live.update(task_table(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id)))
+            self.live.update(task_table(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id),
+                                        latest_positions(self.store, self.run_id)))
             self.live.__exit__(None, None, None)
 
     def flush_events(self) -> None:
@@ -82,7 +108,7 @@ class RunDisplay:
         self.last_draw = now
         self.flush_events()
         if self.live is not None:
-            self.live.update(task_table(run, tasks))
+            self.live.update(task_table(run, tasks, latest_positions(self.store, self.run_id)))
 
 
 def print_json(obj: Any) -> None:

@@ -78,6 +78,45 @@ class _Unit:
         self.start = start
 
 
+def effective_read_batch(op: Operator, read_batch: int) -> int:
+    """Records per source read: map_batches by count reads whole batches."""
+    if op.kind == "map_batches" and op.batch_size and not op.batch_bytes:
+        return op.batch_size
+    if op.kind == "map_batches":
+        return 64
+    return read_batch
+
+
+def iter_units(op: Operator, shard: Shard, position: Position, read_batch: int) -> Iterator[_Unit]:
+    """The operator inputs of ``shard`` from ``position``, each ending at a batch boundary."""
+    ordinal = int(position.get("records", 0))
+    if op.kind != "map_batches" or not op.batch_bytes:
+        for b in shard.read(position, read_batch):
+            yield _Unit([b], ordinal, position)
+            ordinal, position = int(b.position.get("records", 0)), b.position
+        return
+    acc: list[Batch] = []
+    size = 0
+    for b in shard.read(position, read_batch):
+        acc.append(b)
+        size += b.nbytes or record_bytes(b.records)
+        if size >= op.batch_bytes:
+            yield _Unit(acc, ordinal, position)
+            ordinal, position, acc, size = int(b.position.get("records", 0)), b.position, [], 0
+    if acc:
+        yield _Unit(acc, ordinal, position)
+
+
+def dead_rows(shard: Shard, unit: _Unit, failures: list[tuple[int, Any, str]]) -> list[dict[str, Any]]:
+    """Dead-letter rows (error, shard, ordinal, the record or its raw text) for failed records."""
+    rows = []
+    for idx, rec, err in failures:
+        body = {"raw": rec.raw} if type(rec) is BadRecord else {"record": json.loads(json.dumps(rec, default=str))}
+        rows.append({"error": err, "shard": shard.key, "ordinal": unit.first_ordinal + idx,
+                     "batch_start": unit.start, **body})
+    return rows
+
+
 class MapRun:
     """One attempt of a data step. Build with :func:`run_map`."""
 
@@ -85,11 +124,7 @@ class MapRun:
                  limits: Limits, on_input_change: str, read_batch: int) -> None:
         self.ctx, self.source, self.op, self.sink, self.dead = ctx, source, op, sink, dead
         self.limits, self.policy = limits, on_input_change
-        if op.kind == "map_batches" and op.batch_size and not op.batch_bytes:
-            read_batch = op.batch_size
-        elif op.kind == "map_batches":
-            read_batch = 64
-        self.read_batch = read_batch
+        self.read_batch = effective_read_batch(op, read_batch)
         self.stats = dict.fromkeys(STATS, 0)
         self.t0 = time.monotonic()
         self.attempt_records = 0
@@ -101,6 +136,9 @@ class MapRun:
         if state is not None and state.get("v") != STATE_VERSION:
             raise ValueError(f"data step state version {state.get('v')!r} is not {STATE_VERSION}; "
                              f"this segue cannot resume it")
+        if state is not None and state.get("mode") == "parallel":
+            raise ValueError(f"step {self.ctx.step!r} was checkpointed with workers={state.get('workers')}; "
+                             f"resume it with the same workers= setting")
         now = self.source.snapshot()
         if state is None:
             self.pin = now
@@ -137,23 +175,7 @@ class MapRun:
             self.dead.close()
 
     def _units(self, shard: Shard, position: Position) -> Iterator[_Unit]:
-        ordinal = int(position.get("records", 0))
-        op = self.op
-        if op.kind != "map_batches" or not op.batch_bytes:
-            for b in shard.read(position, self.read_batch):
-                yield _Unit([b], ordinal, position)
-                ordinal, position = int(b.position.get("records", 0)), b.position
-            return
-        acc: list[Batch] = []
-        size = 0
-        for b in shard.read(position, self.read_batch):
-            acc.append(b)
-            size += b.nbytes or record_bytes(b.records)
-            if size >= op.batch_bytes:
-                yield _Unit(acc, ordinal, position)
-                ordinal, position, acc, size = int(b.position.get("records", 0)), b.position, [], 0
-        if acc:
-            yield _Unit(acc, ordinal, position)
+        return iter_units(self.op, shard, position, self.read_batch)
 
     def _loop(self) -> None:
         ctx, stats, sink = self.ctx, self.stats, self.sink
@@ -186,11 +208,7 @@ class MapRun:
             pos = None
 
     def _dead_letter(self, shard: Shard, unit: _Unit, failures: list[tuple[int, Any, str]]) -> None:
-        rows = []
-        for idx, rec, err in failures:
-            body = {"raw": rec.raw} if type(rec) is BadRecord else {"record": json.loads(json.dumps(rec, default=str))}
-            rows.append({"error": err, "shard": shard.key, "ordinal": unit.first_ordinal + idx,
-                         "batch_start": unit.start, **body})
+        rows = dead_rows(shard, unit, failures)
         self.dead.write(rows, shard.key, [f"{shard.key}:{r['ordinal']}" for r in rows])
         self.stats["failures"] += len(rows)
         self.last_error = failures[-1][2]
@@ -280,6 +298,9 @@ def run_map(
     min_records_for_rate: int = 1000,
     on_input_change: str | None = None,
     read_batch: int = READ_BATCH,
+    workers: int = 1,
+    min_split: int | None = None,
+    recipe: Any = None,
 ) -> dict[str, Any]:
     """Apply ``fn`` to every record of ``source`` and write the results to ``sink``, exactly once.
 
@@ -291,6 +312,13 @@ def run_map(
     until the limits are passed, then DeadLetterThresholdError.
     ``on_input_change``: ``fail``, ``pin`` or ``include-new``; by default what the
     operator chose with ``segue run/resume --on-input-change`` (``fail`` if nothing).
+    ``workers``: with N > 1 this process coordinates N sub-worker processes
+    over the shards, rebalancing the tail by splitting a lagging shard's
+    remainder when it holds more than ``min_split`` units (records or bytes,
+    as the shards measure; default 4 read batches or 1 MiB). Sub-workers
+    rebuild source, function and sinks from ``recipe`` (set by ``@flow.map``)
+    or, in a direct call, from a pickle of them: use module-level functions
+    and a sink with ``supports_workers`` (the file sinks). See docs/data.md.
     Returns counters.
     """
     if on_input_change is None:
@@ -301,4 +329,11 @@ def run_map(
         raise ValueError(f"on_input_change must be 'fail', 'pin' or 'include-new', not {on_input_change!r}")
     dead = dead_letter if dead_letter is not None else default_dead_letter(ctx.run_id, ctx.step)
     limits = Limits(max_failures, max_failure_rate, min_records_for_rate)
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be an int >= 1, not {workers!r}")
+    if workers > 1:
+        from .coordinator import ParallelMapRun
+
+        return ParallelMapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch,
+                              workers=workers, min_split=min_split, recipe=recipe).execute()
     return MapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch).execute()

@@ -32,7 +32,7 @@ class LocalProcessExecutor(Executor):
         env.update(spec.env)
         env["PYTHONUNBUFFERED"] = "1"
         cmd = [
-            sys.executable, "-m", "segue.run.worker",
+            sys.executable, "-m", "segue._worker_main",
             "--home", str(spec.home), "--run", spec.run_id, "--step", spec.step,
             "--epoch", str(spec.epoch), "--parent-pid", str(os.getpid()),
         ]

@@ -206,31 +206,31 @@ class Flow:
         dead_letter: Any = None,
         max_failures: int | None = 1000,
         max_failure_rate: float | None = 0.05,
+        workers: int = 1,
         **step_options: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare a resumable data step: ``fn`` applied to every record, exactly once.
 
         ``source`` and ``sink`` are segue.data objects, or functions of the step
         context that build them (so they can use ``ctx.params``). ``kind`` is
-        map, filter, flat_map or map_batches. Other keywords are those of
-        :meth:`step` (after, retries, checkpoint_every...). The step's output is
-        the run's counters. See docs/data.md.
+        map, filter, flat_map or map_batches. ``workers`` > 1 runs the step over
+        that many local sub-worker processes (see docs/data.md). Other keywords
+        are those of :meth:`step` (after, retries, checkpoint_every...). The
+        step's output is the run's counters. See docs/data.md.
         """
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            from ..data.mapstep import MapStep
+
+            decl = MapStep(fn, source, sink, kind=kind, batch_size=batch_size, batch_bytes=batch_bytes,
+                           dead_letter=dead_letter, max_failures=max_failures,
+                           max_failure_rate=max_failure_rate, workers=workers)
+
             @functools.wraps(fn)  # the fingerprint hashes the user's function, not this one
             def data_step(ctx: Any) -> Any:
-                from ..data import run_map
-                from ..data.sinks.base import Sink
-                from ..data.sources.base import Source
+                return decl.run(ctx)
 
-                src = source if isinstance(source, Source) else source(ctx)
-                snk = sink if isinstance(sink, Sink) else sink(ctx)
-                dead = dead_letter if dead_letter is None or isinstance(dead_letter, Sink) else dead_letter(ctx)
-                return run_map(ctx, src, fn, snk, kind=kind, batch_size=batch_size,
-                               batch_bytes=batch_bytes, dead_letter=dead, max_failures=max_failures,
-                               max_failure_rate=max_failure_rate)
-
+            data_step.segue_map = decl  # type: ignore[attr-defined]  # sub-workers rebuild from it
             self.step(data_step, **step_options)
             return fn
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -100,6 +101,16 @@ def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None
     os.replace(tmp, path)
 
 
+def describe_error(exc: BaseException, home: Home, run_id: str) -> str:
+    """One line for the operator; a full disk says where and what to do."""
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        where = exc.filename or home.root
+        return (f"disk full: no space left on the device of {where}; free space (old runs' "
+                f"checkpoints: `segue ckpt prune`) or move --home, then `segue resume {run_id}`; "
+                "committed checkpoints are intact")
+    return f"{type(exc).__name__}: {exc}"
+
+
 def exit_report_path(home: Home, run_id: str, step: str, epoch: int) -> Path:
     return home.logs_dir(run_id) / f"{step}.e{epoch}.exit.json"
 
@@ -174,7 +185,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         retryable = not isinstance(exc, NoValidCheckpointError) and getattr(
             exc, "segue_retryable", True)
         _write_exit_report(exit_report_path(home, run_id, step, epoch),
-                           f"{type(exc).__name__}: {exc}", traceback.format_exc(), retryable)
+                           describe_error(exc, home, run_id), traceback.format_exc(), retryable)
         traceback.print_exc()
         return EXIT_FAILED
     finally:

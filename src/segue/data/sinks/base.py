@@ -34,6 +34,10 @@ class Scope:
     run_id: str
     step: str
     epoch: int
+    # The sub-worker of a parallel map step (None: the single-worker path).
+    # Sinks that support workers keep each sub-worker's staged and published
+    # names apart, so sub-workers never touch one another's parts.
+    worker: int | None = None
 
     @property
     def prefix(self) -> str:
@@ -44,6 +48,9 @@ class Sink(ABC):
     """A destination with exactly-once semantics through two-phase commit."""
 
     needs_keys = False  # True: write() receives one stable key per record
+    # True: instances opened with distinct ``Scope.worker`` values may run side
+    # by side in several processes (``run_map(workers=N)``).
+    supports_workers = False
 
     @abstractmethod
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:

@@ -6,6 +6,11 @@ Layout of an output directory ``OUT``::
     OUT/.segue-staging/RUN/STEP/FENCE            highest epoch that opened the sink (kept)
     OUT/.segue-staging/RUN/STEP/eEPOCH-pPART-SHARD.jsonl   staged, not yet committed
 
+With parallel sub-workers (``Scope.worker`` = K) each sub-worker stages under
+``.segue-staging/RUN/STEP/wK/`` (its own FENCE, its own cleanup) and publishes
+``part-SHARD-wK-PART.jsonl``: a shard can move between sub-workers across
+restarts, and the worker tag keeps their part numbers from colliding.
+
 Staging lives on the same filesystem, so publishing one part is one atomic
 ``os.replace``. A directory (and ``prefix``) belongs to one step of one run.
 Only local paths are supported: object stores have no rename (to do: write
@@ -28,25 +33,33 @@ from .base import Scope, Sink
 
 class FileSink(Sink):
     ext = ""
+    supports_workers = True
 
     def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "") -> None:
         self.directory = os.path.abspath(os.fspath(directory))
         self.prefix = prefix
-        self._final = re.compile(rf"^{re.escape(prefix)}part-[A-Za-z0-9.]+-(\d{{8}}){re.escape(self.ext)}$")
+        self._wtag = ""  # "wK-" for sub-worker K of a parallel step
+        self._final = self._final_pattern()
         self._scope: Scope | None = None
         self._next_part = 0
         self._pending: list[dict[str, Any]] = []
         self._cur: dict[str, Any] | None = None  # the open part
 
     # -- naming ---------------------------------------------------------------
+    def _final_pattern(self) -> re.Pattern[str]:
+        # Only this writer's parts: "part-SHARD-PART" never matches "part-SHARD-wK-PART".
+        return re.compile(rf"^{re.escape(self.prefix)}part-[A-Za-z0-9.]+-{re.escape(self._wtag)}(\d{{8}})"
+                          rf"{re.escape(self.ext)}$")
+
     @property
     def staging(self) -> str:
         if self._scope is None:
             raise RuntimeError("sink used before open()")
-        return os.path.join(self.directory, ".segue-staging", self._scope.run_id, self._scope.step)
+        base = os.path.join(self.directory, ".segue-staging", self._scope.run_id, self._scope.step)
+        return base if self._scope.worker is None else os.path.join(base, f"w{self._scope.worker}")
 
     def final_name(self, shard: str, part: int) -> str:
-        return f"{self.prefix}part-{shard}-{part:08d}{self.ext}"
+        return f"{self.prefix}part-{shard}-{self._wtag}{part:08d}{self.ext}"
 
     # -- format hooks -----------------------------------------------------------
     def _open_file(self, path: str) -> Any:
@@ -61,15 +74,18 @@ class FileSink(Sink):
     # -- protocol ---------------------------------------------------------------
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
         self._scope = scope
+        self._wtag = "" if scope.worker is None else f"w{int(scope.worker)}-"
+        self._final = self._final_pattern()
         os.makedirs(self.directory, exist_ok=True)
         with fence(self.staging, scope.epoch, advance=True):
             if state is not None:
                 self._roll_forward(state["pending"])
                 self._roll_back_published(int(state["next_part"]))
-            keep = {"FENCE"}
             for name in os.listdir(self.staging):
-                if name not in keep:
-                    os.unlink(os.path.join(self.staging, name))
+                path = os.path.join(self.staging, name)
+                # Sub-worker directories (wK/) belong to their sub-worker's own open().
+                if name != "FENCE" and not os.path.isdir(path):
+                    os.unlink(path)
         self._next_part = 0 if state is None else int(state["next_part"])
         self._pending = []
 

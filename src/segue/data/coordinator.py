@@ -1,0 +1,289 @@
+"""The coordinator of a parallel map step (``run_map(workers=N)``).
+
+The step's own process coordinates N sub-workers (:mod:`segue.data.pool`).
+It owns the shard queue and the assignments, and it is the only one that
+commits. The engine sees one task, one attempt, one checkpoint stream.
+
+Checkpoint barrier: every sub-worker stops at a unit boundary and stages its
+sink; the coordinator commits ONE checkpoint naming the queue, every
+assignment and position and every sub-worker's sink state; only then do the
+sub-workers publish. Rebalancing happens at a barrier too: a lagging shard
+is split at its position, the two halves of its remainder go to the lagging
+and to an idle sub-worker, and that checkpoint commits the split.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from typing import Any
+
+from ..run.context import Park
+from .driver import STATE_VERSION, STATS, Limits, MapRun
+from .pool import LocalProcessPool, SubWorkerLost, SubWorkerPool
+from .sinks.base import Scope, Sink
+from .sources.base import Shard, Source
+from .subworker import Recipe
+
+log = logging.getLogger("segue.data")
+
+
+class _Slot:
+    __slots__ = ("shard", "position")
+
+    def __init__(self) -> None:
+        self.shard: Shard | None = None
+        self.position: Any = None
+
+    def remaining(self) -> float:
+        if self.shard is None:
+            return 0.0
+        n, _ = self.shard.size()
+        return float("inf") if n is None else float(n - self.shard.done(self.position))
+
+
+class ParallelMapRun(MapRun):
+    """One attempt of a parallel data step. Build with :func:`segue.data.run_map`."""
+
+    def __init__(self, ctx: Any, source: Source, op: Any, sink: Sink, dead: Sink, limits: Limits,
+                 on_input_change: str, read_batch: int, *, workers: int, min_split: int | None,
+                 recipe: Recipe | None, pool: SubWorkerPool | None = None) -> None:
+        super().__init__(ctx, source, op, sink, dead, limits, on_input_change, read_batch)
+        for s in (sink, dead):
+            if not s.supports_workers:
+                raise ValueError(f"{type(s).__name__} cannot be written by parallel sub-workers; "
+                                 f"use workers=1 or a file sink (JsonlSink, ParquetSink)")
+        self.n = workers
+        self.min_split = min_split
+        self.recipe = recipe if recipe is not None else self._pickled_recipe()
+        self.pool = pool if pool is not None else LocalProcessPool()
+        self.slots = [_Slot() for _ in range(workers)]
+        self.idle = [True] * workers
+        self.splits = 0
+        self._unsplittable: set[str] = set()  # shards whose split() said no: don't ask again
+
+    def _pickled_recipe(self) -> Recipe:
+        try:
+            blob = pickle.dumps((self.source, self.op, self.sink, self.dead))
+        except Exception as exc:  # noqa: BLE001 - pickling raises many types
+            raise ValueError(
+                f"run_map(workers={self.n}) sends fn, source and sinks to sub-worker processes, but they "
+                f"do not pickle ({type(exc).__name__}: {exc}); use module-level functions and unopened "
+                f"sinks, or declare the step with @flow.map(..., workers={self.n})"
+            ) from None
+        c = self.ctx
+        return Recipe(c.run_id, c.step, c.epoch, self.read_batch, dict(c.params), pickled=blob)
+
+    # -- recovery ---------------------------------------------------------------
+    def _restore(self) -> dict[str, Any] | None:
+        state = self.ctx.restore()
+        if state is not None and (state.get("v") != STATE_VERSION or state.get("mode") != "parallel"
+                                  or state.get("workers") != self.n):
+            raise ValueError(f"step {self.ctx.step!r} was checkpointed with workers="
+                             f"{state.get('workers', 1)}, not {self.n}; resume it with the same setting")
+        now = self.source.snapshot()
+        self.pin = now if state is None else self.source.pinned(state["pin"], now, self.policy, self.ctx.step)
+        self.shards = self.source.shards(self.pin)
+        sizes = [s.size() for s in self.shards]
+        self.unit = sizes[0][1] if sizes else "records"
+        self.total = None if any(n is None for n, _ in sizes) else sum(n for n, _ in sizes)
+        if state is None:
+            self.queue = [s.to_json() for s in self.shards]
+            self.finished = 0.0
+            self.sink_states: list[Any] = [None] * self.n
+            self.dead_states: list[Any] = [None] * self.n
+        else:
+            self.queue = list(state["queue"])
+            self.finished = float(state["finished"])
+            self.splits = int(state["splits"])
+            self.sink_states, self.dead_states = state["sinks"], state["dead"]
+            for slot, saved in zip(self.slots, state["slots"], strict=True):
+                if saved["shard"] is not None:
+                    slot.shard = self.source.shard_from_json(saved["shard"])
+                    slot.position = saved["position"]
+            self.stats.update(state["stats"])
+            self.stats["restarts"] += 1
+        return state
+
+    # -- the run ----------------------------------------------------------------
+    def execute(self) -> dict[str, Any]:
+        state = self._restore()
+        if state is not None and state.get("done"):
+            self._finish_committed()
+            return self.summary()
+        try:
+            self.pool.start(self.n, self.recipe)
+            for i in range(self.n):
+                self.pool.send(i, ("open", self.sink_states[i], self.dead_states[i]))
+            self._await("opened", range(self.n))
+            for i, slot in enumerate(self.slots):
+                if slot.shard is not None:
+                    self.idle[i] = False
+                    self.pool.send(i, ("assign", slot.shard.to_json(), slot.position))
+            self._loop()
+            self._barrier(done=True)
+            for i in range(self.n):
+                self.pool.send(i, ("finish",))
+            self._await("finished", range(self.n))
+        finally:
+            self.pool.stop()
+        return self.summary()
+
+    def _finish_committed(self) -> None:
+        # The last checkpoint said done: roll its staged output forward, per sub-worker scope.
+        c = self.ctx
+        for i in range(self.n):
+            for s, st in ((self.sink, self.sink_states[i]), (self.dead, self.dead_states[i])):
+                s.open(Scope(c.run_id, c.step, c.epoch, worker=i), st)
+                s.finish()
+                s.close()
+
+    def _loop(self) -> None:
+        while True:
+            for i, msg in self.pool.recv(0.05):
+                self._on(i, msg)
+            self._assign_idle()
+            if all(self.idle) and not self.queue:
+                return
+            lagging = self._split_candidate()
+            if lagging is not None or self.ctx.checkpoint_due(self.stats["records_in"]):
+                self._barrier(split=lagging is not None)
+            self.ctx.progress(self._done_units(), self.total)
+
+    def _on(self, i: int, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "tick":
+            _, pos, n_in, n_out, nbytes, fails, err = msg
+            self.slots[i].position = pos
+            st = self.stats
+            st["records_in"] += n_in
+            st["records_out"] += n_out
+            st["bytes_in"] += nbytes
+            self.attempt_records += n_in
+            if fails:
+                st["failures"] += fails
+                self.last_error = err
+                log.warning("step %s: %d record(s) failed in sub-worker %d (last: %s)", self.ctx.step,
+                            fails, i, err)
+                self._check_limits()  # counts over all sub-workers
+        elif kind == "idle":
+            slot = self.slots[i]
+            if slot.shard is not None:
+                self.finished += slot.shard.done(slot.position) if slot.position else 0
+            slot.shard, slot.position = None, None
+            self.idle[i] = True
+        elif kind not in ("published",):
+            raise SubWorkerLost(f"sub-worker {i} sent an unexpected {kind!r}")
+
+    def _await(self, kind: str, which: Any) -> dict[int, tuple[Any, ...]]:
+        want = set(which)
+        got: dict[int, tuple[Any, ...]] = {}
+        while want:
+            for i, msg in self.pool.recv(1.0):
+                if msg[0] == kind and i in want:
+                    got[i] = msg
+                    want.discard(i)
+                else:
+                    self._on(i, msg)
+        return got
+
+    def _assign_idle(self) -> None:
+        for i in range(self.n):
+            if self.idle[i] and self.queue:
+                shard = self.source.shard_from_json(self.queue.pop(0))
+                self._give(i, shard)
+                self.pool.send(i, ("assign", shard.to_json(), shard.start()))
+
+    def _give(self, i: int, shard: Shard) -> None:
+        self.slots[i].shard, self.slots[i].position = shard, shard.start()
+        self.idle[i] = False
+
+    def _threshold(self) -> float:
+        if self.min_split is not None:
+            return float(self.min_split)
+        return float(1 << 20) if self.unit == "bytes" else float(4 * self.read_batch)
+
+    def _split_candidate(self) -> int | None:
+        if self.queue or not any(self.idle):
+            return None
+        cand = [i for i in range(self.n) if self.slots[i].shard is not None
+                and self.slots[i].shard.key not in self._unsplittable]  # type: ignore[union-attr]
+        if not cand:
+            return None
+        best = max(cand, key=lambda i: self.slots[i].remaining())
+        return best if self.slots[best].remaining() > self._threshold() else None
+
+    # -- the barrier --------------------------------------------------------------
+    def _barrier(self, split: bool = False, done: bool = False) -> None:
+        for i in range(self.n):
+            self.pool.send(i, ("barrier",))
+        staged = self._await("staged", range(self.n))
+        for i, msg in staged.items():
+            self.sink_states[i], self.dead_states[i] = msg[1], msg[2]
+        moves: dict[int, Shard] = {}
+        if split:
+            moves = self._split()
+        state = {
+            "v": STATE_VERSION, "mode": "parallel", "workers": self.n, "pin": self.pin,
+            "queue": list(self.queue), "finished": self.finished, "splits": self.splits,
+            "slots": [{"shard": None if s.shard is None else s.shard.to_json(), "position": s.position}
+                      for s in self.slots],
+            "sinks": list(self.sink_states), "dead": list(self.dead_states),
+            "stats": dict(self.stats), "done": done,
+        }
+        done_units = self._done_units() if not done or self.total is None else float(self.total)
+        self.ctx.progress(done_units, self.total)
+        try:
+            self.ctx.checkpoint(state, position=self._parallel_position(done_units))
+        except Park:
+            # Committed: publish what it names, then unwind (execute stops the pool).
+            for i in range(self.n):
+                self.pool.send(i, ("publish", None, None))
+            self._await("published", range(self.n))
+            raise
+        for i in range(self.n):
+            s = moves.get(i)
+            self.pool.send(i, ("publish", None, None) if s is None else ("publish", s.to_json(), s.start()))
+
+    def _split(self) -> dict[int, Shard]:
+        """Split lagging shards for idle sub-workers; returns the new assignments."""
+        moves: dict[int, Shard] = {}
+        for idle in [i for i in range(self.n) if self.idle[i]]:
+            cand = [i for i in range(self.n) if not self.idle[i] and i not in moves
+                    and self.slots[i].shard.key not in self._unsplittable]  # type: ignore[union-attr]
+            if not cand:
+                break
+            lag = max(cand, key=lambda i: self.slots[i].remaining())
+            slot = self.slots[lag]
+            if slot.remaining() <= self._threshold() or slot.shard is None:
+                break
+            pieces = slot.shard.split(slot.position)
+            if pieces is None:
+                self._unsplittable.add(slot.shard.key)
+                break
+            # The lagging shard ends at its position: [start, p) is done.
+            self.finished += slot.shard.done(slot.position)
+            left, right = pieces
+            log.info("step %s: split shard %s at %s: %s to sub-worker %d, %s to sub-worker %d",
+                     self.ctx.step, slot.shard.key, slot.position, left.key, lag, right.key, idle)
+            self._give(lag, left)
+            self._give(idle, right)
+            moves[lag], moves[idle] = left, right
+            self.splits += 1
+        return moves
+
+    # -- progress ---------------------------------------------------------------
+    def _done_units(self) -> float:
+        return self.finished + sum(s.shard.done(s.position) for s in self.slots
+                                   if s.shard is not None and s.position is not None)
+
+    def _parallel_position(self, done: float) -> dict[str, Any]:
+        pos = self._position(len(self.shards), done)
+        pos.update({"workers": self.n, "splits": self.splits, "queued": len(self.queue),
+                    "slots": [{"shard": None if s.shard is None else s.shard.key,
+                               "done": None if s.shard is None else s.shard.done(s.position)}
+                              for s in self.slots]})
+        return pos
+
+
+__all__ = ["STATS", "ParallelMapRun"]

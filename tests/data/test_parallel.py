@@ -1,0 +1,151 @@
+"""run_map(workers=N): sub-worker processes, the checkpoint barrier, rebalancing by splits."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fakectx import Crash, FakeRun, read_jsonl_dir
+
+from segue.data import JsonlSink, SequenceSource, run_map
+from segue.run.context import Park
+
+N = 3000
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEGUE_HOME", str(tmp_path / "home"))
+
+
+def double(r: int) -> dict[str, int]:
+    return {"k": r, "v": 2 * r}
+
+
+def slow_low(r: int) -> dict[str, int]:
+    if r < N // 2:
+        time.sleep(0.0005)  # the first shard lags: the other worker goes idle early
+    return {"k": r, "v": 2 * r}
+
+
+def _keys(out: Path) -> Counter[int]:
+    return Counter(r["k"] for r in read_jsonl_dir(out))
+
+
+def test_three_workers_write_what_one_writes(tmp_path: Path) -> None:
+    src = SequenceSource(list(range(N)), shards=7)
+    run_map(FakeRun().attempt(), src, double, JsonlSink(tmp_path / "one"), read_batch=100)
+    run = FakeRun()
+    res = run_map(run.attempt(), src, double, JsonlSink(tmp_path / "three"), read_batch=100, workers=3)
+    assert sorted(read_jsonl_dir(tmp_path / "three"), key=str) == sorted(read_jsonl_dir(tmp_path / "one"), key=str)
+    assert res["records_in"] == N and res["records_out"] == N
+    assert run.state["done"] and run.positions[-1]["workers"] == 3
+    assert not list((tmp_path / "three" / ".segue-staging").rglob("*.jsonl"))
+
+
+def test_a_lagging_shard_is_split_and_the_split_committed(tmp_path: Path) -> None:
+    run = FakeRun()
+    src = SequenceSource(list(range(N)), shards=2)
+    run_map(run.attempt(), src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100)
+    assert run.positions[-1]["splits"] >= 1, run.positions[-1]
+    assert run.state["splits"] >= 1
+    assert _keys(tmp_path / "out") == Counter(range(N))
+
+
+def test_crashes_and_pauses_keep_exactly_once(tmp_path: Path) -> None:
+    rng = random.Random(7)
+    run = FakeRun()
+    src = SequenceSource(list(range(N)), shards=5)
+    faults = 0
+    for _ in range(30):
+        mode = rng.choice(["before", "after", "pause"] + ([None] if faults >= 4 else []))
+        ctx = run.attempt(rng=rng, every=2, crash=mode if mode in ("before", "after") else None,
+                          crash_after=rng.randint(0, 3), pause_after=rng.randint(0, 3) if mode == "pause" else None)
+        try:
+            run_map(ctx, src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100)
+            break
+        except (Crash, Park):
+            faults += 1
+    else:
+        raise AssertionError("never finished")
+    assert faults >= 3
+    assert _keys(tmp_path / "out") == Counter(range(N))
+
+
+def test_unpicklable_function_is_refused_with_a_hint(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^run_map\(workers=2\) sends fn, source and sinks to sub-worker "
+                                         r"processes, but they do not pickle"):
+        run_map(FakeRun().attempt(), SequenceSource([1, 2]), lambda r: r, JsonlSink(tmp_path / "o"), workers=2)
+
+
+def test_a_sink_without_worker_support_is_refused(tmp_path: Path) -> None:
+    from segue.data import SqlSink
+
+    with pytest.raises(ValueError, match=r"^SqlSink cannot be written by parallel sub-workers"):
+        run_map(FakeRun().attempt(), SequenceSource([1, 2]), double,
+                SqlSink(f"sqlite:///{tmp_path / 'o.db'}", "t", ["k", "v"]), workers=2)
+
+
+# -- real processes, through the CLI ---------------------------------------------------
+
+FLOW = str(Path(__file__).parent / "flows" / "mapparallel.py")
+
+
+def _subworkers(pid: int) -> list[int]:
+    """Spawned sub-worker processes among the children of the step's worker process."""
+    import glob
+
+    kids: list[int] = []
+    for f in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            kids.extend(int(x) for x in Path(f).read_text().split())
+        except OSError:
+            pass
+    out = []
+    for k in kids:
+        try:
+            if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes():
+                out.append(k)
+        except OSError:
+            pass
+    return out
+
+
+def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(segue, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from test_kill_campaign import (
+        FAST,
+        _wait,
+        _worker_pid,
+        campaign,
+        check_exactly_once,
+        make_input,
+        read_output,
+    )
+
+    n = 8000
+    inp = make_input(tmp_path / "in", n)
+    segue.env.update(FAST)
+    clean_out = tmp_path / "clean"
+    proc = segue("run", FLOW, "--run-id", "clean", "-p", f"input={inp}", "-p", f"out={clean_out}", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    clean = read_output("jsonl", clean_out)
+    check_exactly_once(clean, n)
+
+    out = tmp_path / "out"
+    segue("run", FLOW, "--run-id", "faulty", "-p", f"input={inp}", "-p", f"out={out}", "--detach", check=True)
+    # First a single sub-worker: the coordinator sees it die, the attempt is retried.
+    subs = _wait(lambda: _subworkers(_worker_pid(segue, "faulty")) if _worker_pid(segue, "faulty") > 0 else 0, 30)
+    assert subs, "no sub-worker process found"
+    os.kill(subs[0], signal.SIGKILL)
+    done = campaign(segue, "faulty", seed=11, kills=4, pauses=1, controller_every=2, timeout=240)
+    got = read_output("jsonl", out)
+    check_exactly_once(got, n, clean)
+    st = segue.status("faulty")
+    assert st["state"] == "SUCCEEDED"
+    assert sum(v for k, v in done.items() if isinstance(v, int)) >= 2, done
