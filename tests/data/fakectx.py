@@ -57,7 +57,10 @@ class FakeCtx:
     def progress(self, done: float, total: float | None = None) -> None:
         self.done = (done, total)
 
-    def checkpoint(self, state: Any, *, position: Any = None) -> None:
+    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
+        # The real context saves in the background unless asked to wait; a sink
+        # publishes right after this call, so the driver must ask.
+        assert durable, "the data driver must checkpoint with durable=True before publishing"
         self.calls += 1
         if self.crash == "before" and self.calls > self.crash_after:
             raise Crash()

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
-from segue.run.controller import pid_alive
+from segue.run.procs import pid_alive
 
 COUNTER = str(FLOWS / "counter.py")
 FAST_LEASE = {"SEGUE_LEASE_TTL_S": "1.5"}

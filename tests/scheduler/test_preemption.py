@@ -174,3 +174,42 @@ def test_task_sees_only_its_own_gpu(segue: Segue) -> None:
     cpu, gpu = segue.output("see", "cpu_step"), segue.output("see", "gpu_step")
     assert cpu == {"visible": "", "count": 0}  # a CPU step sees no GPU at all
     assert gpu["visible"] == "0" and gpu["count"] == 1 and gpu["sum"] == 1024.0
+
+
+def _resumed_at(segue: Segue, run: str) -> float:
+    return next(e["time"] for e in segue.events(run) if "resuming after preemption" in e["reason"])
+
+
+def test_preempted_runs_resume_in_priority_order(segue: Segue) -> None:
+    setup_pool(segue, 1)
+    start(segue, "batch", "batch", 800)
+    wait_for(lambda: running(segue, "batch"), 30, "batch")
+    start(segue, "normal", "normal", 600)  # preempts batch
+    wait_for(lambda: running(segue, "normal") and progressed(segue, "normal", 20), 30, "normal")
+    start(segue, "urgent", "urgent", 60)  # preempts normal
+    wait_for(lambda: running(segue, "urgent"), 30, "urgent")
+    assert segue.status("batch")["state"] == segue.status("normal")["state"] == "PAUSED"
+    for r in ("urgent", "normal", "batch"):
+        segue.wait_state(r, {"SUCCEEDED"}, 120)
+    # The higher class resumed first; the batch run waited until it was done.
+    assert _resumed_at(segue, "normal") < _resumed_at(segue, "batch")
+    normal_done = max(e["time"] for e in segue.events("normal") if e["to_state"] == "SUCCEEDED")
+    assert _resumed_at(segue, "batch") >= normal_done
+    for r, n in (("urgent", 60), ("normal", 600), ("batch", 800)):
+        check_output(segue, r, n)
+
+
+def test_preempted_run_resumes_even_if_its_controller_is_gone(segue: Segue) -> None:
+    setup_pool(segue, 1)
+    start(segue, "low", "batch", 800)
+    wait_for(lambda: running(segue, "low") and progressed(segue, "low", 30), 30, "low")
+    start(segue, "hi", "urgent", 80)
+    wait_for(lambda: running(segue, "hi"), 30, "hi")
+    waiting = segue.status("low")
+    assert waiting["state"] == "PAUSED" and waiting["accounting"]["waiting_for_resources"]
+    os.kill(waiting["controller"]["pid"], signal.SIGKILL)  # the process that would resume it dies
+    segue.wait_state("hi", {"SUCCEEDED"}, 60)
+    segue.wait_state("low", {"SUCCEEDED"}, 120)
+    check_output(segue, "low", 800)
+    assert any("starting a controller to resume this preempted run" in e["reason"]
+               for e in segue.events("low"))

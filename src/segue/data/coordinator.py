@@ -234,7 +234,7 @@ class ParallelMapRun(MapRun):
         done_units = self._done_units() if not done or self.total is None else float(self.total)
         self.ctx.progress(done_units, self.total)
         try:
-            self.ctx.checkpoint(state, position=self._parallel_position(done_units))
+            self.ctx.checkpoint(state, position=self._parallel_position(done_units), durable=True)
         except Park:
             # Committed: publish what it names, then unwind (execute stops the pool).
             for i in range(self.n):

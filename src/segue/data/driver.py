@@ -8,7 +8,7 @@ Uses only the public StepContext API. The loop is::
         outputs = operator(batch); sink.write(outputs)
         if ctx.checkpoint_due(records):
             sink.stage()                   # durable under (run, step, epoch, part) names
-            ctx.checkpoint(state)          # THE commit point
+            ctx.checkpoint(state, durable=True)  # THE commit point
             sink.publish()                 # rename into place; redone by recovery if we die here
 
 A SIGKILL before the commit loses only staged leftovers (deleted on
@@ -245,7 +245,7 @@ class MapRun:
         done_units = self.total if done and self.total is not None else self._done(shard_index, position)
         self.ctx.progress(done_units, self.total)
         try:
-            self.ctx.checkpoint(state, position=self._position(shard_index, done_units))
+            self.ctx.checkpoint(state, position=self._position(shard_index, done_units), durable=True)
         except Park:
             self._publish()  # the checkpoint committed before Park was raised
             raise

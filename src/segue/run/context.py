@@ -208,7 +208,7 @@ class StepContext:
         )
         warnings.warn(f"{exc}; moved to {where}", RuntimeWarning, stacklevel=3)
 
-    def checkpoint(self, state: Any, *, position: Any = None) -> None:
+    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
         """Commit ``state``; then park if a pause was requested.
 
         Blocks only while the state is copied into host buffers; the write
@@ -216,6 +216,11 @@ class StepContext:
         (fenced by this attempt's epoch) only once its manifest is durable. A
         background failure is raised here at the next call. On a pause request
         it waits for the write, then parks the step.
+
+        ``durable=True`` returns only once the checkpoint is committed (raising
+        its failure, if any). A step that publishes side effects covered by the
+        checkpoint (an exactly-once sink's two-phase commit) must use it, so it
+        never publishes ahead of the commit.
         """
         if not self._restored:
             # Without this, seq numbers could collide with committed ones.
@@ -257,8 +262,9 @@ class StepContext:
         self.checkpoints_written += 1
         self._interval.mark(self._cur_steps)
         self._flags.checkpoint_requested = False
+        if durable or self._flags.pause_requested:
+            self._writer.wait()  # committed (a pause too waits for the save in flight)
         if self._flags.pause_requested:
-            self._writer.wait()  # a pause waits for the save in flight to be committed
             raise Park()
 
     def close(self) -> None:

@@ -10,10 +10,8 @@ dies, ``segue resume`` builds a new one from the store.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import signal
 import socket
 import time
 from collections.abc import Callable
@@ -28,40 +26,13 @@ from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import RunRecord, Store, TaskRecord
 from .options import RunOptions
-from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED, exit_report_path
+from .procs import pid_alive
+from .recovery import describe_exit, reclaim_orphan
+from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 
 log = logging.getLogger("segue.controller")
 
 TICK_S = 0.05
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a local process exists and is not a zombie (killed, not yet reaped)."""
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # The state letter follows the parenthesized command name.
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
-
-
-def wait_dead(pid: int | None, timeout: float) -> bool:
-    """Wait up to ``timeout`` seconds for a local process to die; True if it did."""
-    deadline = time.monotonic() + timeout
-    while pid_alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 @dataclass
@@ -168,40 +139,8 @@ class Controller:
                                       controller_epoch=self.epoch)
 
     def _reclaim_orphan(self, t: TaskRecord, prev_host: str | None) -> None:
-        """An attempt left RUNNING by a previous controller.
-
-        A live lease on this host with a live pid: that process is ours to stop
-        now. A pid that was never recorded on a local attempt: the process died
-        with its controller (PDEATHSIG) or never started. An expired lease:
-        presumed lost (a frozen or unreachable machine); we do not touch it,
-        and the epoch bump of our next attempt fences it. A live lease
-        elsewhere: wait for it to expire.
-        """
-        deadline = time.time() + self.options.lease_ttl_s * 2
-        while True:
-            cur = self.store.get_task(self.run_id, t.step)
-            if cur.state != TaskState.RUNNING or cur.epoch != t.epoch:
-                return
-            live = cur.lease_until is not None and cur.lease_until > time.time()
-            if not live:
-                break
-            local = (cur.host or prev_host) == self.host
-            if local and not pid_alive(cur.pid):
-                break
-            if local and cur.pid:
-                try:
-                    os.kill(cur.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                if wait_dead(cur.pid, 1.0):
-                    break
-            if time.time() > deadline:
-                break
-            time.sleep(0.05)
-        self.store.transition_task(
-            self.run_id, t.step, TaskState.PENDING, actor=self.actor, epoch=t.epoch,
-            reason="attempt lost with its controller; it does not count as a failure",
-        )
+        reclaim_orphan(self.store, self.run_id, t, prev_host=prev_host, host=self.host,
+                       ttl_s=self.options.lease_ttl_s, actor=self.actor)
 
     # -- the loop ------------------------------------------------------------
     def drive(self) -> RunState:
@@ -452,20 +391,4 @@ class Controller:
         return "killed"
 
     def _describe_exit(self, a: _Attempt, code: int) -> tuple[str, bool]:
-        """What went wrong, and whether a retry can help."""
-        if a.killed_for == "lease":
-            return f"attempt epoch {a.epoch} stopped heartbeating (lease expired); killed", True
-        report = exit_report_path(self.home, self.run_id, a.step, a.epoch)
-        if report.exists():
-            try:
-                doc = json.loads(report.read_text())
-                return str(doc["error"]), bool(doc.get("retryable", True))
-            except (ValueError, KeyError, OSError):
-                pass
-        if code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"worker process was killed by {name}", True
-        return f"worker process exited with code {code}", True
+        return describe_exit(self.home, self.run_id, a.step, a.epoch, code, lease_lost=a.killed_for == "lease")

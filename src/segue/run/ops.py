@@ -22,8 +22,9 @@ from ..flow import LoadedFlow, changed_steps, load_flow, resolve
 from ..home import Home, check_run_id
 from ..states import Actor, RunState, TaskState
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
-from .controller import Controller, Interrupts, pid_alive, wait_dead
+from .controller import Controller, Interrupts
 from .options import RunOptions
+from .procs import pid_alive, wait_dead
 
 
 @dataclass(frozen=True)

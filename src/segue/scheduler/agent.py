@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import IllegalTransitionError
 from ..flow.model import StepSpec
+from ..run.procs import pid_alive
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store, TaskRecord
 from ..store.pool import Denied, Placement, PoolStore
@@ -264,8 +265,10 @@ class RunScheduler:
         for run in self.store.list_runs():
             if run.run_id == self.run_id or run.state != RunState.PAUSED:
                 continue
-            if run.controller_lease_until is not None and run.controller_lease_until > now:
-                continue
+            if run.controller_lease_until is not None and run.controller_lease_until > now and (
+                run.controller_host != self.host or pid_alive(run.controller_pid)
+            ):
+                continue  # its own controller is alive and waiting
             if self.store.get_stats(run.run_id).get("preempted_at", 0.0) > 0:
                 log.info("starting a controller for preempted run %s", run.run_id)
                 self.store.append_event(run.run_id, "scheduler", actor=Actor.SCHEDULER,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..home import Home
-from ..run.controller import pid_alive, wait_dead
+from ..run.procs import pid_alive, wait_dead
 from .compare import Diff, compare, snapshot
 
 RUN_ID = "verify"

@@ -1,0 +1,39 @@
+"""Local process facts the controller relies on: is a pid alive, wait for it to die.
+
+A process that was killed but not yet reaped (a zombie) counts as dead: it
+holds no resources and will never commit anything.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a local process exists and is not a zombie (killed, not yet reaped)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            # The state letter follows the parenthesized command name.
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+        return state not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return True
+
+
+def wait_dead(pid: int | None, timeout: float) -> bool:
+    """Wait up to ``timeout`` seconds for a local process to die; True if it did."""
+    deadline = time.monotonic() + timeout
+    while pid_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
