@@ -75,3 +75,23 @@ def test_changed_input_is_detected_and_pinning_resumes(segue: Segue, tmp_path: P
     out = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in p.read_text().splitlines()]
     # Pinned: the input is read as it was when the run began; the late record is not.
     assert sorted(r["k"] for r in out) == list(range(20_000))
+
+
+def test_records_retried_after_a_kill_are_counted(segue: Segue, tmp_path: Path) -> None:
+    import os
+    import signal
+
+    flow = str(Path(__file__).parent / "flows" / "mapslow.py")
+    inp = write_input(tmp_path / "in" / "data.jsonl", 40_000, sleep=0.0002)
+    segue("run", flow, "--detach", "--run-id", "rr", "-p", f"input={inp}", "-p", f"out={tmp_path / 'out'}",
+          check=True)
+    first = wait_for(lambda: segue.step("rr", "upper")["last_checkpoint"], 60, "a checkpoint")
+    # Let the heartbeat report progress well past that checkpoint, then kill the worker.
+    wait_for(lambda: (s := segue.step("rr", "upper"))["progress"]["done"] > first["position"]["done"]
+             and s["last_checkpoint"]["seq"] == first["seq"] and s["pid"], 10, "progress past it")
+    os.kill(segue.step("rr", "upper")["pid"], signal.SIGKILL)
+    segue.wait_state("rr", {"SUCCEEDED"}, 120)
+    pos = segue.step("rr", "upper")["last_checkpoint"]["position"]
+    assert pos["restarts"] == 1 and pos["records_retried"] > 0
+    out = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in p.read_text().splitlines()]
+    assert sorted(r["k"] for r in out) == list(range(40_000))

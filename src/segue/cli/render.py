@@ -38,6 +38,8 @@ def position_detail(position: Any) -> str:
             parts.append(f"eta {eta:.0f}s")
         if position.get("failures"):
             parts.append(f"{position['failures']} failed")
+        if position.get("records_retried"):
+            parts.append(f"{position['records_retried']:,} retried")
         if position.get("workers"):
             parts.append(f"{position['workers']} workers, {position.get('splits', 0)} splits")
         return ", ".join(parts)

@@ -43,7 +43,8 @@ log = logging.getLogger("segue.data")
 
 STATE_VERSION = 1
 READ_BATCH = 512
-STATS = ("records_in", "records_out", "failures", "bytes_in", "restarts")
+STATS = ("records_in", "records_out", "failures", "bytes_in", "restarts", "records_retried")
+VOLATILE = ("restarts", "records_retried")  # differ between a clean and an interrupted run
 
 
 @dataclass(frozen=True)
@@ -155,10 +156,27 @@ class MapRun:
         self.before = [0]
         for n, _ in sizes:
             self.before.append(self.before[-1] + (n or 0))
+        if state is not None:
+            self._count_retried()
         scope = Scope(self.ctx.run_id, self.ctx.step, self.ctx.epoch)
         self.sink.open(scope, None if state is None else state["sink"])
         self.dead.open(scope, None if state is None else state["dead"])
         return state
+
+    def _count_retried(self) -> None:
+        """Estimate the records the lost attempt processed past the restored checkpoint.
+
+        The previous attempt's last reported progress (flushed by its heartbeat)
+        minus the committed position is work that is now done again.
+        """
+        prev = getattr(self.ctx, "previous_progress", None)
+        if not prev or prev[0] is None:
+            return
+        lost_units = max(0.0, float(prev[0]) - self._done(self.cursor["shard"], self.cursor["position"]))
+        per_record = 1.0
+        if self.unit == "bytes" and self.stats["records_in"]:
+            per_record = self.stats["bytes_in"] / self.stats["records_in"]
+        self.stats["records_retried"] += int(lost_units / max(per_record, 1e-9))
 
     # -- the loop ---------------------------------------------------------------
     def execute(self) -> dict[str, Any]:
@@ -278,7 +296,7 @@ class MapRun:
     def summary(self) -> dict[str, Any]:
         # Only what a clean and an interrupted run agree on: restarts are in the
         # checkpoint position (and `segue status`), not in the step's output.
-        stats = {k: v for k, v in self.stats.items() if k != "restarts"}
+        stats = {k: v for k, v in self.stats.items() if k not in VOLATILE}
         return {**stats, "shards": len(self.shards), "sink": self.sink.describe(),
                 "dead_letter": self.dead.describe()}
 

@@ -92,6 +92,7 @@ class StepContext:
         flags: Flags,
         load_input: Callable[[str], Any],
         code_fingerprint: str,
+        previous_progress: tuple[float | None, float | None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.step = spec.name
@@ -100,6 +101,9 @@ class StepContext:
         self.epoch = epoch
         self.attempt = attempt
         self.inputs: Mapping[str, Any] = _Inputs(spec.after, load_input)
+        # The last progress the previous attempt reported: how far it got, which
+        # may be past its last checkpoint (that difference is work done again).
+        self.previous_progress = previous_progress
         self._store = store
         self._storage = storage
         self._flags = flags

@@ -157,6 +157,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             run_id=run_id, spec=spec, params=run.params, epoch=epoch, attempt=task.attempts,
             store=store, storage=storage, flags=flags, load_input=load_input,
             code_fingerprint=digest(loaded.fingerprint),
+            previous_progress=(task.progress_done, task.progress_total),
         )
         result = spec.fn(ctx)
         ctx.close()  # the last checkpoint's commit lands before the output's
