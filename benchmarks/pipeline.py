@@ -93,9 +93,10 @@ class BenchContext:
     def progress(self, done: float, total: float | None = None) -> None:
         pass
 
-    def checkpoint(self, state: Any, *, position: Any = None) -> None:
+    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
         from segue.run.context import Park
 
+        # Saved synchronously: durable whether or not the driver asked.
         self.seq += 1
         self.ckpt.save(self.storage, f"{self.seq:08d}", {"state": state}, meta={"position": position})
         (self.root / "LATEST").write_text(str(self.seq))  # the "store" row: written after the save
