@@ -39,7 +39,8 @@ def test_three_workers_write_what_one_writes(tmp_path: Path) -> None:
     src = SequenceSource(list(range(N)), shards=7)
     run_map(FakeRun().attempt(), src, double, JsonlSink(tmp_path / "one"), read_batch=100)
     run = FakeRun()
-    res = run_map(run.attempt(), src, double, JsonlSink(tmp_path / "three"), read_batch=100, workers=3)
+    res = run_map(run.attempt(), src, double, JsonlSink(tmp_path / "three"), read_batch=100, workers=3,
+                  allow_pickle=True)
     assert sorted(read_jsonl_dir(tmp_path / "three"), key=str) == sorted(read_jsonl_dir(tmp_path / "one"), key=str)
     assert res["records_in"] == N and res["records_out"] == N
     assert run.state["done"] and run.positions[-1]["workers"] == 3
@@ -49,7 +50,8 @@ def test_three_workers_write_what_one_writes(tmp_path: Path) -> None:
 def test_a_lagging_shard_is_split_and_the_split_committed(tmp_path: Path) -> None:
     run = FakeRun()
     src = SequenceSource(list(range(N)), shards=2)
-    run_map(run.attempt(), src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100)
+    run_map(run.attempt(), src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100,
+            allow_pickle=True)
     assert run.positions[-1]["splits"] >= 1, run.positions[-1]
     assert run.state["splits"] >= 1
     assert _keys(tmp_path / "out") == Counter(range(N))
@@ -65,7 +67,8 @@ def test_crashes_and_pauses_keep_exactly_once(tmp_path: Path) -> None:
         ctx = run.attempt(rng=rng, every=2, crash=mode if mode in ("before", "after") else None,
                           crash_after=rng.randint(0, 3), pause_after=rng.randint(0, 3) if mode == "pause" else None)
         try:
-            run_map(ctx, src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100)
+            run_map(ctx, src, slow_low, JsonlSink(tmp_path / "out"), read_batch=50, workers=2, min_split=100,
+            allow_pickle=True)
             break
         except (Crash, Park):
             faults += 1
@@ -78,7 +81,14 @@ def test_crashes_and_pauses_keep_exactly_once(tmp_path: Path) -> None:
 def test_unpicklable_function_is_refused_with_a_hint(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"^run_map\(workers=2\) sends fn, source and sinks to sub-worker "
                                          r"processes, but they do not pickle"):
-        run_map(FakeRun().attempt(), SequenceSource([1, 2]), lambda r: r, JsonlSink(tmp_path / "o"), workers=2)
+        run_map(FakeRun().attempt(), SequenceSource([1, 2]), lambda r: r, JsonlSink(tmp_path / "o"), workers=2,
+                allow_pickle=True)
+
+
+def test_direct_parallel_call_needs_pickle_opt_in(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^run_map\(workers=2\) called directly would send fn, source and "
+                                         r"sinks to the sub-workers with pickle; pass allow_pickle=True"):
+        run_map(FakeRun().attempt(), SequenceSource([1, 2]), double, JsonlSink(tmp_path / "o"), workers=2)
 
 
 def test_a_sink_without_worker_support_is_refused(tmp_path: Path) -> None:

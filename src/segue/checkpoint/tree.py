@@ -239,7 +239,7 @@ class _Decoder:
             )
         if ref not in self.opaque:
             raise MalformedTreeError(f"{path}: pickled blob {ref!r} is not in the checkpoint")
-        return pickle.loads(self.opaque[ref])
+        return pickle.loads(self.opaque[ref])  # reached only with allow_pickle=True (checked above)
 
 
 def decode(

@@ -47,7 +47,8 @@ class ParallelMapRun(MapRun):
 
     def __init__(self, ctx: Any, source: Source, op: Any, sink: Sink, dead: Sink, limits: Limits,
                  on_input_change: str, read_batch: int, *, workers: int, min_split: int | None,
-                 recipe: Recipe | None, pool: SubWorkerPool | None = None) -> None:
+                 recipe: Recipe | None, pool: SubWorkerPool | None = None,
+                 allow_pickle: bool = False) -> None:
         super().__init__(ctx, source, op, sink, dead, limits, on_input_change, read_batch)
         for s in (sink, dead):
             if not s.supports_workers:
@@ -55,6 +56,7 @@ class ParallelMapRun(MapRun):
                                  f"use workers=1 or a file sink (JsonlSink, ParquetSink)")
         self.n = workers
         self.min_split = min_split
+        self.allow_pickle = allow_pickle
         self.recipe = recipe if recipe is not None else self._pickled_recipe()
         self.pool = pool if pool is not None else LocalProcessPool()
         self.slots = [_Slot() for _ in range(workers)]
@@ -63,6 +65,13 @@ class ParallelMapRun(MapRun):
         self._unsplittable: set[str] = set()  # shards whose split() said no: don't ask again
 
     def _pickled_recipe(self) -> Recipe:
+        if not self.allow_pickle:
+            # No pickle unless the user opts in: the sub-workers would unpickle it.
+            raise ValueError(
+                f"run_map(workers={self.n}) called directly would send fn, source and sinks to the "
+                f"sub-workers with pickle; pass allow_pickle=True to opt in, or declare the step with "
+                f"@flow.map(..., workers={self.n})"
+            )
         try:
             blob = pickle.dumps((self.source, self.op, self.sink, self.dead))
         except Exception as exc:  # noqa: BLE001 - pickling raises many types

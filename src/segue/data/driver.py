@@ -319,6 +319,7 @@ def run_map(
     workers: int = 1,
     min_split: int | None = None,
     recipe: Any = None,
+    allow_pickle: bool = False,
 ) -> dict[str, Any]:
     """Apply ``fn`` to every record of ``source`` and write the results to ``sink``, exactly once.
 
@@ -335,8 +336,9 @@ def run_map(
     remainder when it holds more than ``min_split`` units (records or bytes,
     as the shards measure; default 4 read batches or 1 MiB). Sub-workers
     rebuild source, function and sinks from ``recipe`` (set by ``@flow.map``)
-    or, in a direct call, from a pickle of them: use module-level functions
-    and a sink with ``supports_workers`` (the file sinks). See docs/data.md.
+    or, in a direct call with ``allow_pickle=True``, from a pickle of them
+    (module-level functions, and a sink with ``supports_workers``: the file
+    sinks). See docs/data.md.
     Returns counters.
     """
     if on_input_change is None:
@@ -353,5 +355,6 @@ def run_map(
         from .coordinator import ParallelMapRun
 
         return ParallelMapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch,
-                              workers=workers, min_split=min_split, recipe=recipe).execute()
+                              workers=workers, min_split=min_split, recipe=recipe,
+                              allow_pickle=allow_pickle).execute()
     return MapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch).execute()

@@ -47,7 +47,7 @@ class Recipe:
 
     def build(self) -> tuple[Any, Any, Any, Any]:
         if self.pickled is not None:
-            source, op, sink, dead = pickle.loads(self.pickled)  # noqa: S301 - our own parent's objects
+            source, op, sink, dead = pickle.loads(self.pickled)  # noqa: S301 - only with run_map(allow_pickle=True), from our own parent
         else:
             from ..flow import load_flow
 

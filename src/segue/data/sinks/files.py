@@ -23,6 +23,7 @@ import json
 import os
 import re
 import shutil
+from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
@@ -62,14 +63,17 @@ class FileSink(Sink):
         return f"{self.prefix}part-{shard}-{self._wtag}{part:08d}{self.ext}"
 
     # -- format hooks -----------------------------------------------------------
+    @abstractmethod
     def _open_file(self, path: str) -> Any:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _append(self, handle: Any, records: Sequence[Any]) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def _close_file(self, handle: Any) -> None:
-        raise NotImplementedError
+        ...
 
     # -- protocol ---------------------------------------------------------------
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:

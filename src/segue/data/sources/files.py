@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import glob as _glob
 import os
+from abc import abstractmethod
 from typing import Any
 
 import fsspec
@@ -104,11 +105,13 @@ class FileSource(Source):
             out.extend(self.file_shards(i, path, attrs))
         return out
 
+    @abstractmethod
     def file_shards(self, index: int, path: str, attrs: dict[str, Any]) -> list[Shard]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def shard_from_json(self, data: dict[str, Any]) -> Shard:
-        raise NotImplementedError
+        ...
 
 
 def check_kind(data: dict[str, Any], kind: str) -> None:
