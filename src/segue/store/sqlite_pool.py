@@ -67,7 +67,7 @@ class SQLitePoolMixin(PoolStore):
         self, run_id: str, step: str, *, host: str, need: Need, priority: int,
         preemptible: bool, ttl_s: float, actor: Actor,
     ) -> Placement | Denied:
-        from .sqlite import start_attempt_in  # the task half of the same transaction
+        from .sqlite_rows import start_attempt_in  # the task half of the same transaction
 
         with self._write() as conn:
             t = now()
