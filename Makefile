@@ -30,6 +30,7 @@ test: install-dev
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/mypy
 
 bench: install-dev
 	$(BIN)/python -m benchmarks.recovery --quick --json

@@ -64,7 +64,7 @@ class BlobPlan:
         yield 0, memoryview(self.header)
         offset = len(self.header)
         for seg in self.segments:
-            data = memoryview(seg)
+            data = memoryview(seg)  # type: ignore[arg-type]  # ndarray implements the buffer protocol
             for start in range(0, len(data), CHUNK):
                 piece = data[start : start + CHUNK]
                 yield offset + start, piece

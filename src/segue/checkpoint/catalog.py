@@ -48,10 +48,10 @@ def locate(url_or_path: str | Path) -> tuple[CheckpointStorage, str, bool]:
         return root, rel.rsplit("/", 1)[0] if "/" in rel else "", False
     parts = text.split("/")
     for cut in range(1, len(parts)):
-        root = "/".join(parts[:-cut]) or "/"
-        if "://" in text and root.endswith(":/"):
+        prefix = "/".join(parts[:-cut]) or "/"
+        if "://" in text and prefix.endswith(":/"):
             break
-        candidate = open_storage(root)
+        candidate = open_storage(prefix)
         rel = "/".join(parts[-cut:])
         try:
             m = read_manifest(candidate, rel)

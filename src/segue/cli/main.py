@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import ControllerConflictError, SegueError, UsageError
 from ..flow import load_flow, parse_duration, parse_overrides
@@ -34,7 +34,7 @@ EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         raise UsageError(f"{message}; see `segue {self.prog.split()[-1]} --help`" if " " in self.prog
                          else f"{message}; see `segue --help`")
 

@@ -95,7 +95,7 @@ class ParallelMapRun(MapRun):
         self.shards = self.source.shards(self.pin)
         sizes = [s.size() for s in self.shards]
         self.unit = sizes[0][1] if sizes else "records"
-        self.total = None if any(n is None for n, _ in sizes) else sum(n for n, _ in sizes)
+        self.total = None if any(n is None for n, _ in sizes) else sum(n or 0 for n, _ in sizes)
         if state is None:
             self.queue = [s.to_json() for s in self.shards]
             self.finished = 0.0

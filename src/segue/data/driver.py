@@ -152,7 +152,7 @@ class MapRun:
         self.shards: list[Shard] = self.source.shards(self.pin)
         sizes = [s.size() for s in self.shards]
         self.unit = sizes[0][1] if sizes else "records"
-        self.total = None if any(n is None for n, _ in sizes) else sum(n for n, _ in sizes)
+        self.total = None if any(n is None for n, _ in sizes) else sum(n or 0 for n, _ in sizes)
         self.before = [0]
         for n, _ in sizes:
             self.before.append(self.before[-1] + (n or 0))

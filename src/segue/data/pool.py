@@ -17,7 +17,7 @@ import multiprocessing
 import os
 from abc import ABC, abstractmethod
 from multiprocessing.connection import Connection, wait
-from typing import Any
+from typing import Any, cast
 
 from .errors import DataError
 
@@ -90,7 +90,8 @@ class LocalProcessPool(SubWorkerPool):
     def recv(self, timeout: float) -> list[tuple[int, tuple[Any, ...]]]:
         index = {id(c): i for i, c in enumerate(self._conns)}
         out: list[tuple[int, tuple[Any, ...]]] = []
-        for c in wait(self._conns, timeout):
+        for ready in wait(self._conns, timeout):
+            c = cast(Connection, ready)  # wait() returns the connections it was given
             i = index[id(c)]
             while True:
                 try:

@@ -15,6 +15,7 @@ This module only describes; it never runs anything and never touches storage.
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import re
@@ -70,7 +71,7 @@ class Param:
     help: str = ""
 
     @property
-    def kind(self) -> type:
+    def kind(self) -> builtins.type:
         if self.type is not None:
             return self.type
         return type(self.default)

@@ -295,7 +295,7 @@ class StepContext:
 
     def _observe_history(self) -> None:
         """Feed the run's own failure history to the "auto" interval."""
-        stats = getattr(self._store, "get_stats", lambda r: {})(self.run_id)
+        stats: dict[str, float] = getattr(self._store, "get_stats", lambda r: {})(self.run_id)
         uptime = float(stats.get(f"step:{self.step}:s", 0.0))
         failures = sum(1 for e in self._store.list_events(self.run_id)
                        if e.step == self.step and e.actor == Actor.FAILURE_DETECTOR.value)

@@ -6,20 +6,20 @@ import time
 from typing import Any
 
 from ..states import TaskState
-from ..store.base import Store
+from ..store.base import CheckpointRecord, Store
 
 
 def run_status(store: Store, run_id: str) -> dict[str, Any]:
     run = store.get_run(run_id)
     tasks = store.get_tasks(run_id)
-    latest: dict[str, Any] = {}
+    latest: dict[str, CheckpointRecord] = {}
     for c in store.list_checkpoints(run_id):
         if c.step not in latest or c.seq > latest[c.step].seq:
             latest[c.step] = c
     waiting = {r.step: r for r in getattr(store, "list_requests", lambda: [])() if r.run_id == run_id}
     steps = []
     for t in tasks:
-        c = latest.get(t.step)
+        ck = latest.get(t.step)
         steps.append({
             "name": t.step,
             "state": t.state.value,
@@ -27,8 +27,8 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
             "attempts": t.attempts,
             "failures": t.failures,
             "epoch": t.epoch,
-            "last_checkpoint": None if c is None else {
-                "time": c.created_at, "seq": c.seq, "position": c.position, "bytes": c.nbytes,
+            "last_checkpoint": None if ck is None else {
+                "time": ck.created_at, "seq": ck.seq, "position": ck.position, "bytes": ck.nbytes,
             },
             "pid": t.pid if t.state == TaskState.RUNNING else None,
             "error": t.error,

@@ -114,7 +114,7 @@ class SQLitePoolMixin(PoolStore):
             return None if row is None else _alloc(row)
 
     def list_allocations(self, host: str | None = None, *, live_only: bool = True) -> list[AllocationRecord]:
-        sql, args = "SELECT * FROM allocations WHERE 1 = 1", []
+        sql, args = "SELECT * FROM allocations WHERE 1 = 1", list[Any]()
         if host is not None:
             sql += " AND host = ?"
             args.append(host)
@@ -216,7 +216,7 @@ def _describe_free(free: Capacity) -> str:
 
 
 def _requests(conn: sqlite3.Connection, host: str | None, t: float) -> list[RequestRecord]:
-    sql, args = "SELECT * FROM requests WHERE lease_until > ?", [t]
+    sql, args = "SELECT * FROM requests WHERE lease_until > ?", list[Any]([t])
     if host is not None:
         sql += " AND host = ?"
         args.append(host)

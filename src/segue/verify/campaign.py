@@ -113,7 +113,7 @@ def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
 
 def run_verify(
     flow: Path, params: Sequence[str], *, kills: int, pauses: int, seed: int, base: Path,
-    log: Callable[[str], None] = lambda s: None, ignore_outputs: set[str] = frozenset(),
+    log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
     timeout_s: float = 3600,
 ) -> Report:
     flow = flow.resolve()

@@ -131,7 +131,7 @@ class Diff:
                     or self.extra_files or self.differing_outputs)
 
 
-def compare(clean: Snapshot, faulted: Snapshot, *, ignore_outputs: set[str] = frozenset()) -> Diff:
+def compare(clean: Snapshot, faulted: Snapshot, *, ignore_outputs: frozenset[str] | set[str] = frozenset()) -> Diff:
     d = Diff()
     for step in sorted(set(clean.outputs) | set(faulted.outputs)):
         if step in ignore_outputs:

@@ -99,7 +99,7 @@ class SqlSource(Source):
         db = Db(self.url)
         try:
             rows, max_key = db.execute(f"SELECT count(*), max({self.key}) FROM ({self.query}) AS q").fetchone()
-            bounds = []
+            bounds: list[Any] = []
             for i in range(1, self.n_shards):
                 got = db.execute(f"SELECT {self.key} FROM ({self.query}) AS q ORDER BY {self.key} LIMIT 1 OFFSET ?",
                                  [rows * i // self.n_shards - 1]).fetchone() if rows * i // self.n_shards else None
