@@ -195,9 +195,10 @@ class Controller:
             return self._pausing(tasks)
         if run.state == RunState.PAUSED and self.sched.preempted():
             if self.sched.capacity_back(tasks, self.order):
-                self.sched.resumed_after_preemption()
+                waited = self.sched.resumed_after_preemption()
                 self._pause_t0 = None
-                self.prepare("resources are free again; resuming after preemption",
+                self.prepare(f"resources are free again; resuming after preemption "
+                             f"(waited {waited:.2f}s paused)",
                              actor=Actor.SCHEDULER)
             return None
         if run.state != RunState.RUNNING:

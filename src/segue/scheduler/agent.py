@@ -252,10 +252,12 @@ class RunScheduler:
                 return False
         return True
 
-    def resumed_after_preemption(self) -> None:
+    def resumed_after_preemption(self) -> float:
+        """Clear the preemption mark; returns how long the run waited."""
         waited = self.waited_s()
         self.store.set_stats(self.run_id, {"preempted_at": 0.0})
         self.store.add_stats(self.run_id, {"preempted_wait_s": waited})
+        return waited
 
     def wake_orphans(self) -> None:
         """Preempted runs whose controller is gone would wait forever: start one for each."""
