@@ -182,3 +182,19 @@ def test_controllers_racing_for_the_pool_never_share_a_device(store, tmp_path: P
         spans = sorted((a.since, a.released_at) for a in history if dev in a.devices)
         for (s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
             assert e1 is not None and e1 <= s2, f"device {dev} allocated twice: {s1}-{e1} and {s2}"
+
+
+def test_no_backfill_past_a_waiting_higher_class(store) -> None:
+    pool(store, gpus=(80, 80))
+    for r in ("holder", "big-urgent", "small-batch", "impossible"):
+        make_run(store, r)
+    start(store, "holder")  # one device busy, one free
+    store.upsert_request("big-urgent", "train", host="h", need=Need(gpus=2), priority=300, reason="x", ttl_s=60)
+    # A batch run that would fit in the free device must not take it: the urgent
+    # run is freeing capacity for itself (it is preempting the holder).
+    got = start(store, "small-batch", prio=0)
+    assert isinstance(got, Denied) and "waiting behind run 'big-urgent'" in got.reason
+    # A request that can never run here blocks nobody.
+    store.drop_request("big-urgent")
+    store.upsert_request("impossible", "train", host="h", need=Need(gpus=3), priority=300, reason="x", ttl_s=60)
+    assert isinstance(start(store, "small-batch", prio=0), Placement)

@@ -243,11 +243,15 @@ class RunScheduler:
         if place(need, free) is None:
             self._announce(nxt, need, prio, Denied(reason))
             return False
+        hp = self.store.get_host(self.host)
+        total = len(hp.devices) if hp else 0
+        mine = time.time() - self.waited_s()
         for r in self.store.list_requests(self.host):
-            if r.run_id == self.run_id:
+            if r.run_id == self.run_id or r.need.gpus > total:
                 continue
-            if (r.priority > prio or (r.priority == prio and r.submitted_at < time.time() - self.waited_s())) \
-                    and place(r.need, free) is not None:
+            # The same rule as placement: never ahead of a waiting higher class.
+            if r.priority > prio or (r.priority == prio and r.submitted_at < mine
+                                     and place(r.need, free) is not None):
                 self._announce(nxt, need, prio, Denied(f"preempted; waiting behind run {r.run_id!r}"))
                 return False
         return True

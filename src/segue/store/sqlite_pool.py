@@ -84,11 +84,16 @@ class SQLitePoolMixin(PoolStore):
             mine = conn.execute("SELECT submitted_at FROM requests WHERE run_id = ? AND step = ?",
                                 (run_id, step)).fetchone()
             my_time = mine["submitted_at"] if mine else t
+            total = len(hp.devices)
             for r in _requests(conn, host, t):
-                if (r.run_id, r.step) == (run_id, step):
-                    continue
-                better = r.priority > priority or (r.priority == priority and r.submitted_at < my_time)
-                if better and place(r.need, free) is not None:
+                if (r.run_id, r.step) == (run_id, step) or r.need.gpus > total:
+                    continue  # ourselves, or a request that can never run here
+                # No backfilling past a higher class: it would take the capacity a
+                # preemptor is freeing, and the urgent run would starve. Within a
+                # class, FIFO with backfill for requests that fit anyway.
+                if r.priority > priority or (
+                    r.priority == priority and r.submitted_at < my_time and place(r.need, free) is not None
+                ):
                     return Denied(f"waiting behind run {r.run_id!r} step {r.step!r} "
                                   f"(priority {r.priority}, waiting since {r.submitted_at:.3f})")
             task = start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor,
