@@ -150,12 +150,12 @@ class Controller:
                 if run is None:
                     return self.store.get_run(self.run_id).state
                 tasks = self.store.get_tasks(self.run_id)
-                self._reap(tasks)
-                tasks = self.store.get_tasks(self.run_id)
-                run = self.store.get_run(self.run_id)
+                if self._reap(tasks):  # an exit changed the stored state: read it again
+                    tasks = self.store.get_tasks(self.run_id)
+                    run = self.store.get_run(self.run_id)
                 final = self._step(run, tasks)
-                if self.on_tick is not None:
-                    self.on_tick(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id))
+                if self.on_tick is not None:  # the display lags a tick; its last frame re-reads
+                    self.on_tick(run, tasks)
                 if final is not None:
                     return final
                 time.sleep(TICK_S)
@@ -326,8 +326,10 @@ class Controller:
                  rec.epoch, handle.pid, devices)
         return True
 
-    def _reap(self, tasks: list[TaskRecord]) -> None:
+    def _reap(self, tasks: list[TaskRecord]) -> bool:
+        """Handle attempts that exited (or hung); True if any exited."""
         by_step = {t.step: t for t in tasks}
+        exited = False
         now = time.time()
         for step, a in list(self.attempts.items()):
             code = a.handle.poll()
@@ -340,8 +342,10 @@ class Controller:
                     a.handle.kill()
                 continue
             del self.attempts[step]
+            exited = True
             outcome = self._on_exit(a, code, self.store.get_task(self.run_id, step))
             self.sched.released(step, a.epoch, started_wall=a.started_wall, outcome=outcome)
+        return exited
 
     def _on_exit(self, a: _Attempt, code: int, t: TaskRecord) -> str:
         """Record what the attempt's exit means; returns done | parked | killed."""

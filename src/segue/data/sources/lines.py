@@ -45,13 +45,11 @@ def _decode_json(lines: list[bytes]) -> list[Any]:
     return out
 
 
-@dataclass
-class JsonlShard(Shard):
-    source: FileSource = field(repr=False, compare=False)
-    path: str
+class _ByteRange:
+    """Positions of a shard that owns the bytes [begin, end) of one file."""
+
     begin: int
     end: int
-    key: str
 
     def start(self) -> Position:
         return {"offset": self.begin, "records": 0}
@@ -61,6 +59,16 @@ class JsonlShard(Shard):
 
     def done(self, position: Position) -> int:
         return min(self.end, position["offset"]) - self.begin
+
+
+@dataclass
+class JsonlShard(_ByteRange, Shard):
+    source: FileSource = field(repr=False, compare=False)
+    path: str
+    begin: int
+    end: int
+    key: str
+
 
     def read(self, position: Position, batch: int = 512) -> Iterator[Batch]:
         off, n, end = int(position["offset"]), int(position["records"]), self.end
@@ -127,21 +135,13 @@ class JsonlSource(FileSource):
 
 
 @dataclass
-class CsvShard(Shard):
+class CsvShard(_ByteRange, Shard):
     source: CsvSource = field(repr=False, compare=False)
     path: str
     begin: int  # always a record boundary (0 = file start, header included)
     end: int
     key: str
 
-    def start(self) -> Position:
-        return {"offset": self.begin, "records": 0}
-
-    def size(self) -> tuple[int | None, str]:
-        return self.end - self.begin, "bytes"
-
-    def done(self, position: Position) -> int:
-        return min(self.end, position["offset"]) - self.begin
 
     def _rows(self, f: Any, off: int) -> Iterator[tuple[list[str], int, int]]:
         """(row, offset where it starts, offset after it), parsing from ``off``."""
