@@ -26,7 +26,7 @@ demo: install
 	$(BIN)/python examples/demo.py
 
 test: install-dev
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks examples

@@ -8,6 +8,7 @@ benchmarks can time events without adding database traffic.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +39,27 @@ def cursor(probe: Path) -> int:
         return int.from_bytes((probe / "cursor").read_bytes()[:8], "little")
     except (OSError, ValueError):
         return 0
+
+
+def private_pool(where: Path) -> None:
+    """Point this process and its children at a host pool of their own.
+
+    The device and CPU pool is machine-wide (every home of the host shares it): a
+    benchmark run must neither wait behind other users' runs nor hold their
+    capacity, so it gets its own pool file ($SEGUE_POOL, inherited by the CLI,
+    the controllers and the workers).
+    """
+    os.environ["SEGUE_POOL"] = str(where / "pool.db")  # segue.store.hostpool.POOL_ENV
+
+
+def alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    if not pid:
+        return False
+    try:
+        return b") Z" not in Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
 
 
 def worker_startup_s() -> float:

@@ -28,12 +28,15 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from segue.checkpoint import Checkpointer, IntervalPolicy, LocalStorage, load, save
+from segue.checkpoint.blobs import CHUNK, LARGE_BYTES
+from segue.checkpoint.io import DEFAULT_WORKERS
 
 MiB = 1 << 20
 
@@ -83,44 +86,88 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-def raw_write(path: Path, arrs: list[np.ndarray]) -> None:
-    with open(path, "wb", buffering=0) as f:
-        for a in arrs:
-            view = memoryview(a.reshape(-1).view(np.uint8))
-            for s in range(0, len(view), 16 * MiB):
-                f.write(view[s : s + 16 * MiB])
-        os.fsync(f.fileno())
+def _pieces(arrs: list[np.ndarray]) -> list[tuple[int, int, memoryview]]:
+    """The bytes segue writes, laid out as it lays them out: (file, offset, piece) jobs of
+    at most CHUNK bytes; each large array its own file, the small ones packed in one."""
+    files: list[list[memoryview]] = []
+    small: list[memoryview] = []
+    for a in arrs:
+        (files.append([_bytes(a)]) if a.nbytes >= LARGE_BYTES else small.append(_bytes(a)))
+    if small:
+        files.append(small)
+    jobs = []
+    for k, views in enumerate(files):
+        off = 0
+        for v in views:
+            for s in range(0, len(v), CHUNK):
+                jobs.append((k, off + s, v[s : s + CHUNK]))
+            off += len(v)
+    return jobs
 
 
-def raw_read(path: Path, nbytes: int) -> np.ndarray:
+def _bytes(a: np.ndarray) -> memoryview:
+    return memoryview(a.reshape(-1).view(np.uint8))
+
+
+def raw_write(root: Path, arrs: list[np.ndarray], pool: ThreadPoolExecutor) -> None:
+    """The disk floor: the same bytes in the same files, pwritten by as many threads as
+    segue's writer uses, then every file fsynced in parallel (no hashing, no manifest)."""
+    jobs = _pieces(arrs)
+    root.mkdir(parents=True, exist_ok=True)
+    fds = [os.open(root / f"f{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+           for k in range(1 + max(j[0] for j in jobs))]
+    try:
+        list(pool.map(lambda j: os.pwrite(fds[j[0]], j[2], j[1]), jobs))
+        list(pool.map(os.fsync, fds))
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def raw_read(root: Path, nbytes: int, pool: ThreadPoolExecutor) -> np.ndarray:
+    """The cold-read floor: every file back into one buffer, by the reader's thread count."""
     buf = np.empty(nbytes, dtype=np.uint8)
-    view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
-        pos = 0
-        while pos < nbytes:
-            n = f.readinto(view[pos : pos + 16 * MiB])
-            if not n:
-                break
-            pos += n
+    jobs, pos = [], 0
+    for p in sorted(root.iterdir(), key=lambda q: int(q.name[1:])):
+        size = p.stat().st_size
+        for s in range(0, size, CHUNK):
+            jobs.append((p, s, min(CHUNK, size - s), pos + s))
+        pos += size
+
+    def read(job: tuple[Path, int, int, int]) -> None:
+        p, off, n, at = job
+        with open(p, "rb", buffering=0) as f:
+            f.seek(off)
+            f.readinto(memoryview(buf)[at : at + n])
+
+    list(pool.map(read, jobs))
     return buf
 
 
-def memcpy(arrs: list[np.ndarray], dst: list[np.ndarray]) -> None:
-    for a, d in zip(arrs, dst, strict=True):
-        np.copyto(d, a)
+def memcpy(arrs: list[np.ndarray], dst: list[np.ndarray], pool: ThreadPoolExecutor | None) -> None:
+    """The copy floor: the same chunks segue's staging copies, by as many threads."""
+    jobs = [(d.reshape(-1)[s : s + CHUNK // a.itemsize], a.reshape(-1)[s : s + CHUNK // a.itemsize])
+            for a, d in zip(arrs, dst, strict=True) for s in range(0, a.size, CHUNK // a.itemsize)]
+    if pool is None:
+        for d, a in jobs:
+            np.copyto(d, a)
+    else:
+        list(pool.map(lambda j: np.copyto(*j), jobs))
 
 
-def peers(state: dict[str, Any], work: Path, nbytes: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"notes": []}
+def peers(state: dict[str, Any], work: Path, rep: int, notes: list[str]) -> dict[str, float]:
+    """One try of each peer on the state (the caller interleaves and repeats them)."""
+    out: dict[str, float] = {}
     try:
         import torch
     except ImportError:
-        out["notes"].append("torch not installed: torch.save and dcp skipped")
+        if rep == 0:
+            notes.append("torch not installed: torch.save, safetensors and dcp skipped")
         return out
     tensors = {k: torch.from_numpy(v) for k, v in state["model"].items()}
 
     def torch_save() -> None:
-        p = work / "torch.pt"
+        p = work / f"torch{rep}.pt"
         with open(p, "wb") as f:
             torch.save(tensors, f)
             f.flush()
@@ -131,20 +178,21 @@ def peers(state: dict[str, Any], work: Path, nbytes: int) -> dict[str, Any]:
         from safetensors.torch import save_file
 
         def st_save() -> None:
-            p = work / "model.safetensors"
+            p = work / f"model{rep}.safetensors"
             save_file(tensors, str(p))
             drop_file(p)  # fsyncs first
 
         out["safetensors_s"], _ = timed(st_save)
     except ImportError:
-        out["notes"].append("safetensors not installed: skipped")
+        if rep == 0:
+            notes.append("safetensors not installed: skipped")
     try:
         import torch.distributed.checkpoint as dcp
 
-        d1 = work / "dcp"
+        d1 = work / f"dcp{rep}"
         out["dcp_save_s"], _ = timed(lambda: (dcp.save(tensors, checkpoint_id=str(d1)),
                                               fsync_tree(d1)))
-        d2 = work / "dcp_async"
+        d2 = work / f"dcp_async{rep}"
         t = time.perf_counter()
         fut = dcp.async_save(tensors, checkpoint_id=str(d2))
         out["dcp_async_block_s"] = time.perf_counter() - t
@@ -152,7 +200,12 @@ def peers(state: dict[str, Any], work: Path, nbytes: int) -> dict[str, Any]:
         fsync_tree(d2)
         out["dcp_async_total_s"] = time.perf_counter() - t
     except Exception as e:  # noqa: BLE001 - a peer that cannot run is a note, not a crash
-        out["notes"].append(f"torch.distributed.checkpoint skipped: {type(e).__name__}: {e}")
+        if rep == 0:
+            notes.append(f"torch.distributed.checkpoint skipped: {type(e).__name__}: {e}")
+    for p in list(work.glob(f"torch{rep}.pt")) + list(work.glob(f"model{rep}.safetensors")):
+        p.unlink()
+    for d in (work / f"dcp{rep}", work / f"dcp_async{rep}"):
+        shutil.rmtree(d, ignore_errors=True)
     return out
 
 
@@ -212,20 +265,30 @@ def loop_overhead(seconds: float, mtbf_s: float, work: Path, pairs: int = 3) -> 
     }
 
 
+GOALS = {"save_vs_disk": (">=", 0.9), "block_vs_memcpy": ("<=", 1.5)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint")
-    ap.add_argument("--quick", action="store_true", help="small state, ~60 s on 2 cores")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="small state, ~60 s on 2 cores")
+    mode.add_argument("--smoke", action="store_true",
+                      help="tiny state, one try, no peers: checks the benchmark runs (CI)")
     ap.add_argument("--json", action="store_true", help="(kept for the CLI contract) JSON last")
     ap.add_argument("--dir", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--large-mib", type=int, default=None)
     ap.add_argument("--loop-seconds", type=float, default=None)
     ap.add_argument("--mtbf", type=float, default=None,
                     help="MTBF for the auto interval of the loop (default 60 s quick, 1 h full)")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions of the disk-bound runs")
+    ap.add_argument("--reps", type=int, default=None,
+                    help="tries of every side, interleaved (default 3; smoke 1)")
+    ap.add_argument("--no-peers", action="store_true")
     a = ap.parse_args(argv)
-    large_mib = a.large_mib or (256 if a.quick else 2048)
-    n_large = 16 if a.quick else 32
-    n_small = 2000
+    if a.reps is None:
+        a.reps = 1 if a.smoke else 3
+    large_mib = a.large_mib or (8 if a.smoke else 256 if a.quick else 2048)
+    n_large = 4 if a.smoke else 16 if a.quick else 32
+    n_small = 50 if a.smoke else 2000
     work = Path(tempfile.mkdtemp(prefix="segue-bench-", dir=a.dir))
     try:
         return run(a, work, large_mib, n_large, n_small)
@@ -233,72 +296,98 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def bump(state: dict[str, Any]) -> None:
+    """New content in every array, in place: the next save has nothing to deduplicate."""
+    for v in state["model"].values():
+        v += 1.0
+
+
 def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small: int) -> int:
     state = make_state(large_mib * MiB, n_large, n_small)
     arrs = arrays(state)
     nbytes = sum(x.nbytes for x in arrs)
+    copy_threads, io_threads = os.cpu_count() or 1, DEFAULT_WORKERS
     log(f"state: {n_large} large float32 arrays, {large_mib} MiB; {n_small} small (1 KiB); "
-        f"{nbytes / MiB:.1f} MiB total; cpus={os.cpu_count()}")
-    r: dict[str, Any] = {"state_bytes": nbytes, "n_large": n_large, "n_small": n_small}
-
+        f"{nbytes / MiB:.1f} MiB total; cpus={os.cpu_count()}; segue copies with {copy_threads} "
+        f"threads and writes with {io_threads}, and so do the floors")
+    r: dict[str, Any] = {"state_bytes": nbytes, "n_large": n_large, "n_small": n_small,
+                         "tries": a.reps, "copy_threads": copy_threads, "io_threads": io_threads}
+    notes: list[str] = []
     copies = [np.empty_like(x) for x in arrs]
-    memcpy(arrs, copies)  # fault the pages in
-    t = time.perf_counter()
-    memcpy(arrs, copies)
-    r["memcpy_s"] = time.perf_counter() - t
-    del copies
-    # This disk (a VM's) varies by 2-4x from run to run: interleave raw and segue
-    # and keep the best of `reps` for each, so both get the same chances.
-    raw_w, raw_r, seg_w, seg_r = [], [], [], []
-    for rep in range(a.reps):
-        raw = work / f"raw{rep}.bin"
-        raw_w.append(timed(lambda raw=raw: raw_write(raw, arrs))[0])
-        drop_file(raw)
-        raw_r.append(timed(lambda raw=raw: raw_read(raw, nbytes))[0])
-        raw.unlink()
-        root = work / f"segue{rep}"
-        storage = LocalStorage(root)
-        dt, res = timed(lambda storage=storage: save(storage, "run/c1", state))
-        seg_w.append(dt)
-        drop_tree(root)
-        dt, loaded = timed(lambda storage=storage: load(storage, "run/c1"))
-        seg_r.append(dt)
-        if not all(np.array_equal(x, y) for x, y in zip(arrs, arrays(loaded.state), strict=True)):
-            raise SystemExit("restore returned different arrays")
-        del loaded
-        if rep + 1 < a.reps:
-            shutil.rmtree(root)
-    r["raw_write_s"], r["raw_read_s"], r["save_s"], r["load_s"] = map(
-        min, (raw_w, raw_r, seg_w, seg_r))
-    r["all_runs_s"] = {"raw_write": raw_w, "raw_read": raw_r, "save": seg_w, "load": seg_r}
+    runs: dict[str, list[float]] = {}
+
+    def add(key: str, v: float) -> None:
+        runs.setdefault(key, []).append(v)
+
+    with ThreadPoolExecutor(copy_threads) as cpool, ThreadPoolExecutor(io_threads) as iopool, \
+            Checkpointer(LocalStorage(work / "async")) as ck:
+        memcpy(arrs, copies, cpool)  # fault the destination pages in
+        # The first async save sizes the reused host buffer: a one-time cost per job.
+        t = time.perf_counter()
+        ck.save_async("warmup", state).result()
+        r["async_first_save_s"] = time.perf_counter() - t
+        # This disk (a VM's) varies by 2-4x from run to run: every side runs once per
+        # round, rounds interleaved, and every side keeps its best of `reps`.
+        for rep in range(a.reps):
+            add("memcpy", timed(lambda: memcpy(arrs, copies, cpool))[0])
+            add("memcpy_1thread", timed(lambda: memcpy(arrs, copies, None))[0])
+            raw = work / f"raw{rep}"
+            add("raw_write", timed(lambda raw=raw: raw_write(raw, arrs, iopool))[0])
+            drop_tree(raw)
+            add("raw_read", timed(lambda raw=raw: raw_read(raw, nbytes, iopool))[0])
+            shutil.rmtree(raw)
+            root = work / f"segue{rep}"
+            storage = LocalStorage(root)  # a fresh root: nothing to deduplicate against
+            dt, res = timed(lambda storage=storage: save(storage, "run/c1", state))
+            add("save", dt)
+            if res.stats.written_bytes < nbytes:
+                raise SystemExit(f"save wrote {res.stats.written_bytes} of {nbytes} bytes")
+            drop_tree(root)
+            dt, loaded = timed(lambda storage=storage: load(storage, "run/c1"))
+            add("load", dt)
+            if not all(np.array_equal(x, y) for x, y in zip(arrs, arrays(loaded.state), strict=True)):
+                raise SystemExit("restore returned different arrays")
+            del loaded
+            bump(state)  # fresh bytes: the async save below must write everything
+            t = time.perf_counter()
+            fut = ck.save_async(f"run/async{rep}", state)
+            add("async_block", time.perf_counter() - t)
+            done = fut.result()
+            add("async_total", time.perf_counter() - t)
+            if done.stats.blobs_reused:
+                raise SystemExit("the async save reused blobs: its content was not fresh")
+            if not (a.smoke or a.no_peers):
+                for k, v in peers(state, work, rep, notes).items():
+                    add(k.removesuffix("_s"), v)
+            if rep + 1 < a.reps:
+                shutil.rmtree(root)
+    copies.clear()
+    for k, v in runs.items():
+        r[f"{k}_s"] = min(v)
+    r["all_runs_s"] = runs
     log(f"limits: memcpy {r['memcpy_s']:.3f}s, raw write {r['raw_write_s']:.2f}s, "
         f"cold read {r['raw_read_s']:.2f}s")
     first_written = res.stats.written_bytes
     m = res.manifest
     small_refs = [ref for ref, e in m.arrays.items() if e.name != "data"]
     r["small_tensor_files"] = len({m.arrays[ref].file for ref in small_refs})
-    log(f"segue: save {r['save_s']:.2f}s, cold restore {r['load_s']:.2f}s")
+    log(f"segue: save {r['save_s']:.2f}s, cold restore {r['load_s']:.2f}s, "
+        f"async block {r['async_block_s']:.3f}s")
 
-    with Checkpointer(storage) as ck:
-        ck.save_async("run/c2", state).result()  # first one sizes the reused buffers
-        t = time.perf_counter()
-        fut = ck.save_async("run/c3", state)
-        r["async_block_s"] = time.perf_counter() - t
-        fut.result()
-        r["async_total_s"] = time.perf_counter() - t
-    # change 10% of the arrays (large and small alike), save again
+    # save the state as it is now, change 10% of the arrays (large and small alike), save again
+    save(storage, "run/c3", state)
     names = list(state["model"])
     for k in names[:: 10]:
         state["model"][k] = state["model"][k] + 1
     r["incremental_save_s"], res2 = timed(lambda: save(storage, "run/c4", state))
     r["incremental_written_bytes"] = res2.stats.written_bytes
     r["first_written_bytes"] = first_written
-    log(f"segue: async block {r['async_block_s']:.3f}s, incremental wrote "
-        f"{res2.stats.written_bytes / MiB:.1f} MiB in {r['incremental_save_s']:.2f}s")
+    log(f"segue: incremental wrote {res2.stats.written_bytes / MiB:.1f} MiB in "
+        f"{r['incremental_save_s']:.2f}s")
 
-    r.update(peers(state, work, nbytes))
-    secs = a.loop_seconds or (5.0 if a.quick else 60.0)
-    r.update(loop_overhead(secs, mtbf_s=a.mtbf or (60.0 if a.quick else 3600.0), work=work))
+    secs = a.loop_seconds or (0.5 if a.smoke else 5.0 if a.quick else 60.0)
+    r.update(loop_overhead(secs, mtbf_s=a.mtbf or (60.0 if a.quick or a.smoke else 3600.0),
+                           work=work, pairs=1 if a.smoke else 3))
 
     gb = nbytes / 1e9
     out = {
@@ -312,7 +401,16 @@ def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small
         "small_tensor_files": r["small_tensor_files"],
         "loop_overhead": r["loop_overhead"],
         **{k: v for k, v in r.items() if k not in ("small_tensor_files", "loop_overhead")},
+        "notes": notes + [
+            f"every side: best of {a.reps} interleaved tries (all in all_runs_s); memcpy and "
+            f"raw write use segue's thread counts ({copy_threads} copy, {io_threads} io)",
+            "async_block_s/async_total_s: saves of fresh content (every array changed first)",
+            f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus",
+        ] + (["--smoke: tiny state, one try; figures mean nothing"] if a.smoke else []),
     }
+    out["goals"] = {k: {"target": f"{op} {t}", "value": out[k],
+                        "met": out[k] >= t if op == ">=" else out[k] <= t}
+                    for k, (op, t) in GOALS.items()}
     print(json.dumps(out, default=str))
     return 0
 

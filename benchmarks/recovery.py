@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import tempfile
@@ -31,10 +32,6 @@ from . import _probe as pb
 FLOW = Path(__file__).parent / "flows" / "recovery_flow.py"
 
 
-
-
-
-
 def _state_write_s(nbytes: int, where: Path) -> float:
     data = np.ones(nbytes // 8)
     t0 = time.perf_counter()
@@ -45,13 +42,10 @@ def _state_write_s(nbytes: int, where: Path) -> float:
     return time.perf_counter() - t0
 
 
-
-
-
-
-def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
+def measure(rounds: int, tick: float, state_kb: int, seed: int, scale: float = 1.0) -> dict:
     rnd = random.Random(seed)
     tmp = Path(tempfile.mkdtemp(prefix="segue-bench-"))
+    pb.private_pool(tmp)
     home = Home.resolve(tmp / "home")
     probe = tmp / "probe"
     probe.mkdir()
@@ -66,7 +60,7 @@ def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
         for _ in range(rounds):
             # -- pause: request -> stored PAUSED with the worker process gone
             pb.wait_until(lambda: task().state == TaskState.RUNNING and pb.started(probe, task().epoch))
-            time.sleep(rnd.uniform(1.2, 2.0))
+            time.sleep(scale * rnd.uniform(1.2, 2.0))
             pid = task().pid
             t0 = time.perf_counter()
             ops.request_pause(store, "bench")
@@ -81,7 +75,7 @@ def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
             pb.wait_until(lambda: task().epoch > epoch and pb.started(probe, task().epoch))
             resumes.append(time.perf_counter() - t0)
             # -- crash: SIGKILL the worker -> a new attempt restored and running
-            time.sleep(rnd.uniform(1.0, 2.5))
+            time.sleep(scale * rnd.uniform(1.0, 2.5))
             t = task()
             at_kill = pb.cursor(probe)
             t0 = time.perf_counter()
@@ -106,15 +100,20 @@ def measure(rounds: int, tick: float, state_kb: int, seed: int) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true")
+    mode.add_argument("--smoke", action="store_true", help="one short round: checks it runs (CI)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
-    rounds = 2 if a.quick else 6
+    rounds = 1 if a.smoke else 2 if a.quick else 6
     tick, interval = 0.01, 1.0
-    m = measure(rounds, tick, 256, a.seed)
-    startup = pb.worker_startup_s()
-    write = _state_write_s(m["ckpt_bytes"], m["tmp"])
+    m = measure(rounds, tick, 256, a.seed, scale=0.3 if a.smoke else 1.0)
+    try:
+        startup = pb.worker_startup_s()
+        write = _state_write_s(m["ckpt_bytes"], m["tmp"])
+    finally:
+        shutil.rmtree(m["tmp"], ignore_errors=True)
     med = statistics.median
     out = {
         "pause_latency_s": round(med(m["pause"]), 4),
@@ -133,6 +132,8 @@ def main(argv: list[str] | None = None) -> None:
         "lost_work_vs_interval": round(max(m["lost"]) / interval, 3),
         "samples": {k: [round(x, 4) for x in m[k]] for k in ("pause", "resume", "recovery", "lost")},
     }
+    if a.smoke:
+        out["notes"] = ["--smoke: one short round; figures mean nothing, the run checks it works"]
     if not a.json:
         for k, v in out.items():
             print(f"{k:>28}: {v}")

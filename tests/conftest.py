@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
+import signal
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -9,20 +14,60 @@ from typing import Any
 import pytest
 from segue_helpers import FLOWS, Segue
 
+# The device pool is host-wide (SEGUE_POOL, else /var/lib/segue or ~/.local/state):
+# no test may touch the real one. Session fixtures get a session pool; each
+# test its own, so leftovers of one test never hold another's devices.
+_SESSION_POOL = tempfile.mkdtemp(prefix="segue-test-pool-")
+atexit.register(shutil.rmtree, _SESSION_POOL, True)
+os.environ["SEGUE_POOL"] = str(Path(_SESSION_POOL) / "pool.db")
+
+
+def _processes_under(root: str) -> list[int]:
+    """Pids of this user's processes whose command line names a path under ``root``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(a == root or a.startswith(root + "/") for a in argv):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def _test_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    path = tmp_path / "pool.db"
+    monkeypatch.setenv("SEGUE_POOL", str(path))
+    yield path
+    # A test that failed or timed out can leave a controller and its workers behind;
+    # they would spin for ever once pytest removes the directory, and load the next
+    # tests. Whatever still runs against this test's directory dies with the test.
+    for pid in _processes_under(str(tmp_path)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
 
 @pytest.fixture
-def segue(tmp_path: Path) -> Segue:
+def segue(tmp_path: Path, _test_pool: Path) -> Segue:
     return Segue(tmp_path / "home")
 
 
 @pytest.fixture(scope="session")
 def counter_ref(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dict[str, Any]]:
     """Outputs of uninterrupted runs of the counter flow, by its parameter n (cached)."""
-    s = Segue(tmp_path_factory.mktemp("ref") / "home")
     cache: dict[int, dict[str, Any]] = {}
 
     def ref(n: int) -> dict[str, Any]:
         if n not in cache:
+            # A fresh home per try: a reference run cut short (a timeout in the test
+            # that asked first) must not make every later test fail with "exists".
+            s = Segue(tmp_path_factory.mktemp(f"ref{n}-") / "home")
             run = f"ref{n}"
             s("run", str(FLOWS / "counter.py"), "--run-id", run, "-p", f"n={n}", "-p", "sleep=0",
               check=True)

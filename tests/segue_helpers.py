@@ -75,3 +75,39 @@ def wait_for(pred: Callable[[], T], timeout: float = 60, what: str = "condition"
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+class VirtualClock:
+    """A wall clock that moves only when told (Trio's MockClock, for leases).
+
+    In process, pass the instance as ``clock=``. Across processes, ``env``
+    arms ``SEGUE_CLOCK_FILE``: every segue process of a test reads the offset
+    this object writes, so advancing it expires leases everywhere at once
+    without the test sleeping against them.
+    """
+
+    def __init__(self, path: Path | None = None, start: float = 1_000_000.0) -> None:
+        self.path = path
+        self.offset = 0.0
+        self.start = start
+        if path is not None:
+            self._write()
+
+    def __call__(self) -> float:
+        if self.path is not None:  # shared with other processes: real time plus the offset
+            return time.time() + self.offset
+        return self.start + self.offset
+
+    @property
+    def env(self) -> dict[str, str]:
+        assert self.path is not None, "give VirtualClock a path to share it with other processes"
+        return {"SEGUE_CLOCK_FILE": str(self.path)}
+
+    def advance(self, seconds: float) -> None:
+        self.offset += seconds
+        if self.path is not None:
+            self._write()
+
+    def _write(self) -> None:
+        assert self.path is not None
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(repr(self.offset))
+        os.replace(tmp, self.path)  # readers see the old offset or the new, never half

@@ -21,6 +21,7 @@ from .errors import (
 from .flow import Flow, Param
 from .run.context import StepContext
 from .run.options import RunOptions
+from .run.outputs import read_output
 from .states import RunState, TaskState
 
 __version__ = "0.1.0"
@@ -46,4 +47,5 @@ __all__ = [
     "UnknownRunError",
     "UsageError",
     "__version__",
+    "read_output",
 ]

@@ -4,7 +4,8 @@
 arms two points. Actions: ``kill`` (SIGKILL this process), ``raise``
 (:class:`~segue.errors.InjectedFault`), ``exit`` (``os._exit(70)``), ``stop``
 (SIGSTOP this process), ``enospc`` (``OSError(ENOSPC)``, a full disk). The optional count fires the action on the N-th hit
-only (1-based), so a test can kill at "the third checkpoint".
+only (1-based), so a test can kill at "the third checkpoint"; ``N-M`` fires it on every
+hit from the N-th to the M-th (a disk that stays full for a while).
 
 ``SEGUE_FAULTS_IN=worker`` (or ``controller``) arms them only in processes of
 that role, and ``SEGUE_FAULTS_EPOCHS=1,3`` only in the attempts with those
@@ -21,20 +22,20 @@ import signal
 
 from .errors import InjectedFault
 
-_armed: dict[str, tuple[str, int]] | None = None
+_armed: dict[str, tuple[str, int, int]] | None = None
 _hits: dict[str, int] = {}
 
 
-def _parse(spec: str) -> dict[str, tuple[str, int]]:
-    armed: dict[str, tuple[str, int]] = {}
+def _parse(spec: str) -> dict[str, tuple[str, int, int]]:
+    armed: dict[str, tuple[str, int, int]] = {}
     for item in filter(None, (s.strip() for s in spec.split(","))):
         parts = item.split(":")
         name = parts[0]
         action = parts[1] if len(parts) > 1 else "raise"
-        nth = int(parts[2]) if len(parts) > 2 else 1
+        first, _, last = (parts[2] if len(parts) > 2 else "1").partition("-")
         if action not in ("kill", "raise", "exit", "stop", "enospc"):
             raise ValueError(f"SEGUE_FAULTS: unknown action {action!r} for point {name!r}")
-        armed[name] = (action, nth)
+        armed[name] = (action, int(first), int(last or first))
     return armed
 
 
@@ -52,9 +53,9 @@ def fault_point(name: str) -> None:
     assert _armed is not None
     if not _armed or name not in _armed:
         return
-    action, nth = _armed[name]
+    action, first, last = _armed[name]
     _hits[name] = _hits.get(name, 0) + 1
-    if _hits[name] != nth:
+    if not first <= _hits[name] <= last:
         return
     if action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -1,36 +1,65 @@
 """The exception tree of segue, documented in one place.
 
 Every message is one lower-case line that says what is wrong and what to do.
-The CLI prints ``str(exc)`` and maps the class to an exit code, so keep
-messages self-contained.
+The CLI prints ``str(exc)`` and maps the class to an exit code (right
+column), so keep messages self-contained. There is one tree: the data-step
+errors (also importable from ``segue.data.errors``) and the checkpoint
+format errors live here too.
 
-    SegueError
-    ├── UsageError                 bad input; the CLI exits 2 and nothing was written
-    │   ├── FlowError              missing flow file, syntax error, cycle, unknown step
-    │   ├── ParamError             unknown parameter or a value of the wrong type
-    │   ├── UnknownRunError        no run with that id in this home
-    │   ├── RunExistsError         --run-id names a run that already exists
-    │   ├── CodeChangedError       resume refused: the flow's code changed
-    │   └── IllegalTransitionError a state change the transition table forbids
-    ├── ControllerConflictError    another live controller already drives the run
-    ├── FencedError                this attempt's epoch was superseded; it must stop
-    ├── StoreError                 the metadata store is unusable (schema too new, ...)
-    ├── CheckpointError
-    │   ├── CheckpointCorruptError a checkpoint failed verification
-    │   ├── NoValidCheckpointError committed checkpoints exist but none verifies
-    │   └── StateTypeError         state holds a value checkpoints cannot store
-    └── InjectedFault              raised by a fault point (tests only)
+    SegueError                          exit
+    ├── UsageError                        2  bad input, or a command the run refuses as it is;
+    │   │                                    nothing was written
+    │   ├── FlowError                     2  missing flow file, syntax error, cycle, bad declaration
+    │   ├── ParamError                    2  unknown parameter or a value of the wrong type
+    │   ├── UnknownRunError               2  no run with that id in this home
+    │   ├── RunExistsError                2  --run-id names a run that already exists
+    │   ├── CodeChangedError              2  resume refused: the flow's code changed
+    │   ├── RunStateError                 2  the run's state refuses the command (resume a
+    │   │                                    succeeded run, pause a finished one)
+    │   └── ControllerConflictError       2  another live controller already drives the run
+    ├── ConflictError                     4  the run changed under the command (another process
+    │   │                                    moved it at the same moment); the store is
+    │   │                                    consistent: look at `segue status` and retry
+    │   └── IllegalTransitionError        4  a state change the transition table forbids
+    ├── FencedError                       1  this attempt's epoch was superseded; it must stop
+    ├── StoreError                        1  the metadata store is unusable (schema too new, ...)
+    ├── CheckpointError                   1
+    │   ├── CheckpointCorruptError        1  a checkpoint failed verification
+    │   ├── CheckpointFormatError         1  a manifest, tree or tensor file breaks the format
+    │   ├── NoValidCheckpointError        1  committed checkpoints exist but none verifies
+    │   └── StateTypeError                1  state holds a value checkpoints cannot store
+    ├── DataError                         1  a data step cannot go on as it is
+    │   ├── InputChangedError             1  the input differs from its pinned snapshot
+    │   ├── DeadLetterThresholdError      1  too many records failed (count or rate)
+    │   ├── PositionError                 1  a saved position does not fit its source
+    │   ├── StagedOutputLostError         1  a committed checkpoint names staged output that is gone
+    │   └── SinkOwnedError                1  a sink's directory or table belongs to another run
+    └── InjectedFault                     1  raised by a fault point (tests only)
+
+Exit code 1 also means the run failed or was cancelled; 3 means it ended
+paused; 0 that the command did its job. Anything that is not a SegueError is
+a bug in segue: the CLI prints a traceback for it (exit 1, Python's default).
 """
 
 from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # the run failed or was cancelled, or the command hit an operational error
+EXIT_USAGE = 2  # bad input or a refused command; nothing written
+EXIT_PAUSED = 3  # the run ended PAUSED
+EXIT_CONFLICT = 4  # the run changed under the command; retry after `segue status`
 
 
 class SegueError(Exception):
     """Base class of every error segue raises on purpose."""
 
+    exit_code = EXIT_FAILED
+
 
 class UsageError(SegueError):
-    """Bad input from the user. Nothing was written."""
+    """Bad input from the user, or a command the run refuses. Nothing was written."""
+
+    exit_code = EXIT_USAGE
 
 
 class FlowError(UsageError):
@@ -59,18 +88,49 @@ class CodeChangedError(UsageError):
     """Resume refused because the flow's code changed since the run began."""
 
 
-class IllegalTransitionError(UsageError):
+def _transition_message(what: str, from_state: str, to_state: str, hint: str) -> str:
+    msg = f"{what} cannot go from {from_state} to {to_state}"
+    return f"{msg}; {hint}" if hint else msg
+
+
+class RunStateError(UsageError):
+    """The command does not apply to the run as it is (checked before writing)."""
+
     def __init__(self, what: str, from_state: str, to_state: str, hint: str = "") -> None:
-        msg = f"{what} cannot go from {from_state} to {to_state}"
-        if hint:
-            msg += f"; {hint}"
-        super().__init__(msg)
+        super().__init__(_transition_message(what, from_state, to_state, hint))
         self.from_state = from_state
         self.to_state = to_state
 
+    @classmethod
+    def refusing(cls, exc: IllegalTransitionError) -> RunStateError:
+        """The user-facing refusal of a transition the table forbids (same message)."""
+        err = cls("", exc.from_state, exc.to_state)
+        err.args = exc.args
+        return err
 
-class ControllerConflictError(SegueError):
+
+class ControllerConflictError(UsageError):
     """A second controller tried to drive a run whose controller is alive."""
+
+
+class ConflictError(SegueError):
+    """The run changed under the command: another process won a race."""
+
+    exit_code = EXIT_CONFLICT
+
+
+class IllegalTransitionError(ConflictError):
+    """The transition table forbids the change (raised inside the store's transaction).
+
+    Commands check the state first and raise :class:`RunStateError` for what
+    the user asked; this one means the state moved between that check and the
+    write, or the engine itself tried something it must not: not bad input.
+    """
+
+    def __init__(self, what: str, from_state: str, to_state: str, hint: str = "") -> None:
+        super().__init__(_transition_message(what, from_state, to_state, hint))
+        self.from_state = from_state
+        self.to_state = to_state
 
 
 class FencedError(SegueError):
@@ -92,6 +152,10 @@ class CheckpointCorruptError(CheckpointError):
         self.detail = detail
 
 
+class CheckpointFormatError(CheckpointError):
+    """A manifest, state tree or tensor file does not follow the checkpoint format."""
+
+
 class NoValidCheckpointError(CheckpointError):
     """Committed checkpoints exist, but none of them verifies."""
 
@@ -100,5 +164,63 @@ class StateTypeError(CheckpointError, TypeError):
     """A value in the state tree cannot be stored without pickle."""
 
 
+class DataError(SegueError):
+    """Base class of data-step errors.
+
+    ``segue_retryable = False`` tells the engine a retry cannot help: the step
+    fails at once (or the run pauses, with pause_on_failure) for the operator.
+    The engine maps DeadLetterThresholdError to pause or fail (pause_on_failure).
+    """
+
+    segue_retryable = False
+
+
+class InputChangedError(DataError):
+    def __init__(self, step: str, changes: list[str]) -> None:
+        shown = "; ".join(changes[:10]) + (
+            f"; and {len(changes) - 10} more" if len(changes) > 10 else ""
+        )
+        super().__init__(
+            f"input of step {step!r} changed since the run began ({shown}); restore it, or resume "
+            f"with on_input_change='pin' (keep the original files) or 'include-new'"
+        )
+        self.step = step
+        self.changes = changes
+
+
+class DeadLetterThresholdError(DataError):
+    def __init__(
+        self, step: str, failures: int, records: int, limit: str, dead_letter: str
+    ) -> None:
+        super().__init__(
+            f"step {step!r}: {failures} of {records} records failed ({limit}); they are in "
+            f"{dead_letter}; fix the function or raise the limit, then resume"
+        )
+        self.step = step
+        self.failures = failures
+        self.records = records
+
+
+class PositionError(DataError):
+    """A position or shard description does not match its source."""
+
+
+class StagedOutputLostError(DataError):
+    """A committed checkpoint names staged output that is neither staged nor published."""
+
+
+class SinkOwnedError(DataError):
+    """A sink's output (directory and prefix, or table) belongs to another run; the message names it.
+
+    Refused before anything is written; ``mode="overwrite"`` or ``mode="append"``
+    on the sink is the explicit way to replace or add to that output.
+    """
+
+
 class InjectedFault(SegueError):
     """Raised by a fault point armed through SEGUE_FAULTS (tests only)."""
+
+
+def exit_code(exc: SegueError) -> int:
+    """The CLI exit code of an error (see the table above)."""
+    return int(getattr(exc, "exit_code", EXIT_FAILED))

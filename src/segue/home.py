@@ -7,27 +7,42 @@ Layout::
     HOME/data/runs/RUN/STEP/output-eEPOCH/     committed step outputs
     HOME/data/quarantine/...           checkpoints that failed verification
     HOME/logs/RUN/                     controller and worker logs
+    HOME/logs/RUN/STEP.eN.log          output of attempt N of STEP (`segue logs`)
+    HOME/prices.json                   prices per device type (`segue prices`)
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import UsageError
 
-_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# fullmatch, not match with `$`: `$` also matches before a trailing newline.
+_RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# The home holds run parameters, logs and tokens: only its owner may enter it.
+HOME_MODE = 0o700
+DB_MODE = 0o600
 
 
 def check_run_id(run_id: str) -> str:
     """Run ids become path components, so they are restricted (path containment)."""
-    if not _RUN_ID.match(run_id) or ".." in run_id:
+    if not isinstance(run_id, str) or not _RUN_ID.fullmatch(run_id) or ".." in run_id:
         raise UsageError(
             f"run id {run_id!r} is invalid; use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
         )
     return run_id
+
+
+def _user_home() -> Path | None:
+    try:
+        return Path.home().resolve()
+    except (RuntimeError, KeyError):  # no $HOME and no passwd entry
+        return None
 
 
 @dataclass(frozen=True)
@@ -49,20 +64,59 @@ class Home:
 
     def logs_dir(self, run_id: str) -> Path:
         d = self.root / "logs" / check_run_id(run_id)
+        self.ensure()
         d.mkdir(parents=True, exist_ok=True)
         return d
 
     def exists(self) -> bool:
         return self.db_path.exists()
 
+    def ensure(self) -> Path:
+        """Create the home private to its owner (0700), or make an existing one so.
+
+        Under the usual umask 022 everything inside would be world-readable;
+        a private root makes every entry below it unreachable for others,
+        whatever its own mode. An existing directory is tightened only when it
+        is ours, unless it is a folder shared by design (sticky, like /tmp) or
+        the user's own home folder.
+        """
+        root = self.root
+        try:
+            if not root.exists():
+                root.parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    root.mkdir(mode=HOME_MODE)
+                except FileExistsError:  # another process created it first: tighten below
+                    pass
+            if not root.is_dir():
+                raise UsageError(f"segue home {root} is not a directory; pass --home a directory")
+        except OSError as exc:
+            raise UsageError(f"cannot create segue home {root} ({exc.strerror}); "
+                             f"pass --home a writable directory") from None
+        st = root.stat()
+        ours = st.st_uid == os.geteuid()
+        # A sticky folder (like /tmp) is shared by design, and the user's own
+        # home folder or / are not segue's to lock: their database is still 0600.
+        shared = st.st_mode & stat.S_ISVTX or root in (_user_home(), Path("/"))
+        if ours and stat.S_IMODE(st.st_mode) & 0o077 and not shared:
+            os.chmod(root, stat.S_IMODE(st.st_mode) & 0o700)
+        if not self.db_path.exists():
+            # SQLite creates the -wal and -shm files with the database's mode.
+            os.close(os.open(self.db_path, os.O_WRONLY | os.O_CREAT, DB_MODE))
+        elif ours and stat.S_IMODE(self.db_path.stat().st_mode) & 0o077:
+            os.chmod(self.db_path, DB_MODE)
+        return root
+
     def open_store(self):  # -> Store; imported lazily to keep `segue --help` fast
         from .store import open_store
 
+        self.ensure()
         return open_store(self.root)
 
     def storage(self):  # -> CheckpointStorage
         from .checkpoint import LocalStorage
 
+        self.ensure()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         return LocalStorage(self.data_dir)
 

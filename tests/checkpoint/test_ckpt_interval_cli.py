@@ -44,10 +44,10 @@ def test_fixed_seconds_and_steps() -> None:
     p.mark()
     assert not p.due()
     s = IntervalPolicy(every_steps=100, clock=clock)
-    assert not s.due(5) and not s.due(104) and s.due(105)
+    assert not s.due(5) and not s.due(99) and s.due(100)  # multiples of 100 (issue 8, 1.9)
     s.force()
     s.mark(105)
-    assert not s.due(106)
+    assert not s.due(106) and not s.due(199) and s.due(200)
     s.force()
     assert s.due(106)
 
@@ -124,7 +124,8 @@ def test_manager_saves_prunes_and_restores(tmp_path: Path) -> None:
     storage = again.storage
     newest = read_manifest(storage, "checkpoints/step-0000000040")
     storage.remove(next(iter(newest.files)))  # break the newest one
-    with pytest.warns(RuntimeWarning, match=r"failed verification .*; using the previous"):
+    with pytest.warns(RuntimeWarning, match=r"failed verification .*; using checkpoint "
+                      r"checkpoints/step-0000000030 of step 30; the bad one was moved to quarantine/"):
         restored = again.restore_latest()
     assert restored is not None and restored[0] == 30
     assert again.steps() == [30]  # the bad one went to quarantine

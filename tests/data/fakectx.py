@@ -1,10 +1,15 @@
 """In-process doubles for data-step tests: a StepContext stand-in with crash injection.
 
 ``FakeRun`` plays the store (committed state, current epoch); each
-``FakeCtx`` is one attempt. A ``Crash`` (a BaseException, like a SIGKILL it
-unwinds without cleanup: the test drops the attempt's objects) can be armed
-before or after the commit, and ``pause`` makes checkpoint raise Park after
-committing, as the real StepContext does.
+``FakeCtx`` is one attempt. A ``Crash`` can be armed before or after the
+commit, and ``pause`` makes checkpoint raise Park after committing, as the
+real StepContext does.
+
+A ``Crash`` is an exception: it unwinds through ``finally`` blocks and context
+managers, running cleanup that a real SIGKILL skips. It exercises the
+driver's logic quickly; the proof that output is exactly once under real
+kills at every phase of the sink commit protocol is
+``test_exactly_once_sigkill.py`` (forked attempts that SIGKILL themselves).
 """
 
 from __future__ import annotations

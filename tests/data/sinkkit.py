@@ -38,6 +38,7 @@ class SinkKit:
             self._exec("DROP TABLE IF EXISTS results")
             self._exec("DROP TABLE IF EXISTS segue_staged_results")
             self._exec("DROP TABLE IF EXISTS segue_sink_ledger")
+            self._exec("DROP TABLE IF EXISTS segue_sink_owner")
             self._exec("CREATE TABLE results (k BIGINT PRIMARY KEY, v TEXT)" if "upsert" in kind
                        else "CREATE TABLE results (k BIGINT, v TEXT)")
 

@@ -29,7 +29,7 @@ def write_input(path: Path, n: int, bad: set[int] = frozenset(), sleep: float = 
 def test_verify_map_step_exactly_once_under_faults(segue: Segue, tmp_path: Path) -> None:
     inp = write_input(tmp_path / "in" / "data.jsonl", 30_000, sleep=0.0001)
     proc = segue("verify", FLOW, "-p", f"input={inp}", "--kills", "6", "--pauses", "2", "--seed", "4",
-                 "--json", timeout=600)
+                 "--min-faults", "6", "--json", timeout=600)
     doc = json.loads(proc.stdout)
     assert proc.returncode == 0, doc
     assert doc["records_compared"] == 30_000

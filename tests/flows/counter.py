@@ -1,5 +1,8 @@
 """A small deterministic flow for integration tests.
 
+``hold=PATH`` keeps the last iteration waiting until PATH exists, so a test's
+faults cannot race the end of the run.
+
 `count` draws from three RNGs (a Generator in its state, Python's global
 `random`, NumPy's global RNG) on every iteration, so any lost, repeated or
 wrongly restored iteration changes its result.
@@ -13,7 +16,27 @@ import numpy as np
 
 from segue import Flow
 
-flow = Flow("counter", params={"n": 300, "sleep": 0.004, "fail_marker": "", "ignore_pause": False})
+flow = Flow("counter", params={"n": 300, "sleep": 0.004, "fail_marker": "", "ignore_pause": False,
+                               "hold": ""})
+
+
+def hold(ctx, p, state):
+    """The test's gate: the last iteration waits until the file ``hold`` exists.
+
+    A test's faults then all land before the run can finish, however slow or
+    fast the machine is. A pause request still parks the step here.
+    """
+    last = 0.0
+    while p["hold"] and not os.path.exists(p["hold"]):
+        # Keep committing now and then while held (twice a second, not at the
+        # step's pace: a flood of events would slow the test), so a test that
+        # waits for this attempt's next checkpoint sees it; on a pause request
+        # the checkpoint parks.
+        due = time.monotonic() - last > 0.5 or ctx.pause_requested
+        if due and not (p["ignore_pause"] and ctx.pause_requested):
+            ctx.checkpoint(state, position={"i": state["i"]})
+            last = time.monotonic()
+        time.sleep(0.01)
 
 
 @flow.step(retries=20, checkpoint_every="50ms")
@@ -25,6 +48,8 @@ def count(ctx):
         np.random.seed(12)
         state = {"i": 0, "acc": 0.0, "gen": np.random.default_rng(13), "hist": np.zeros(8, dtype=np.int64)}
     while state["i"] < p["n"]:
+        if state["i"] == p["n"] - 1:
+            hold(ctx, p, state)
         if p["fail_marker"] and os.path.exists(p["fail_marker"]):
             raise RuntimeError("fail marker present")
         a = state["gen"].random() + random.random() + np.random.rand()

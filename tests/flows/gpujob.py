@@ -1,5 +1,7 @@
 """A GPU step for scheduler tests: pause points every `sleep` seconds.
 
+With ``gate=PATH`` it holds half-way until PATH exists.
+
 Each attempt records the devices it was given (CUDA_VISIBLE_DEVICES), and
 what torch sees when a real GPU is present.
 """
@@ -11,7 +13,7 @@ import numpy as np
 
 from segue import Flow
 
-flow = Flow("gpujob", params={"n": 300, "sleep": 0.01, "ignore_pause": False})
+flow = Flow("gpujob", params={"n": 300, "sleep": 0.01, "ignore_pause": False, "gate": ""})
 
 
 def expected_acc(n: int) -> float:
@@ -36,6 +38,13 @@ def work(ctx):
         pass
     state["seen"].append(seen)
     while state["i"] < p["n"]:
+        if p["gate"] and state["i"] >= p["n"] // 2 and not os.path.exists(p["gate"]):
+            # Half-way, hold (with pause points) until the test opens the gate: the
+            # test, not the machine's speed, decides when the run may end.
+            time.sleep(0.01)
+            if ctx.pause_requested and not p["ignore_pause"]:
+                ctx.checkpoint(state, position={"i": state["i"]})  # parks
+            continue
         state["acc"] += state["gen"].random()
         state["i"] += 1
         time.sleep(p["sleep"])

@@ -1,12 +1,13 @@
 """A step whose result depends on torch's CPU RNG (and CUDA's when present)."""
 
+import os
 import time
 
 import torch
 
 from segue import Flow
 
-flow = Flow("torchrng", params={"n": 200, "sleep": 0.005})
+flow = Flow("torchrng", params={"n": 200, "sleep": 0.005, "hold": ""})
 
 
 @flow.step(retries=10, checkpoint_every="50ms")
@@ -18,6 +19,10 @@ def draw(ctx):
         if torch.cuda.is_available():
             state["cuda_acc"] = torch.zeros(4, device="cuda")
     while state["i"] < ctx.params["n"]:
+        # The test's gate: the last draw waits for the file `hold`, so its kills land first.
+        while state["i"] == ctx.params["n"] - 1 and ctx.params["hold"] and not os.path.exists(
+                ctx.params["hold"]):
+            time.sleep(0.01)
         state["acc"] += torch.rand(4, dtype=torch.float64)
         if "cuda_acc" in state:
             state["cuda_acc"] += torch.rand(4, device="cuda")

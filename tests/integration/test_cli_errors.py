@@ -90,7 +90,37 @@ def test_status_json_shape(segue: Segue) -> None:
     assert doc["run_id"] == "s" and doc["state"] == "SUCCEEDED"
     count = doc["steps"][0]
     assert count["name"] == "count" and count["state"] == "SUCCEEDED"
-    assert count["progress"] == {"done": 40.0, "total": 40.0}
+    assert count["progress"] == {"done": 40.0, "total": 40.0, "unit": None}
     assert count["attempts"] == 1 and count["pid"] is None
     assert count["last_checkpoint"] is None or {"time", "seq", "position"} <= set(count["last_checkpoint"])
     assert [s["name"] for s in doc["steps"]] == ["count", "report"]
+
+
+def test_one_error_tree_with_documented_exit_codes() -> None:
+    import re as _re
+
+    import segue.data.errors as data_errors
+    import segue.errors as errors
+
+    classes = {n: c for n, c in vars(errors).items()
+               if isinstance(c, type) and issubclass(c, errors.SegueError) and c is not errors.SegueError}
+    assert errors.exit_code(errors.SegueError("x")) == 1
+    # Every class is in the documented tree, with the exit code the CLI uses.
+    documented = dict(_re.findall(r"(?m)^\s*[│├└─ ]*(\w+Error|InjectedFault)\s+(\d)\b", errors.__doc__))
+    assert set(documented) == set(classes), set(documented) ^ set(classes)
+    for name, cls in classes.items():
+        assert errors.exit_code(cls.__new__(cls)) == int(documented[name]), name
+    # The data errors are the same classes, not a second tree; format errors are no ValueErrors.
+    for name in ("DataError", "InputChangedError", "DeadLetterThresholdError", "PositionError",
+                 "StagedOutputLostError"):
+        assert getattr(data_errors, name) is getattr(errors, name)
+        assert issubclass(getattr(errors, name), errors.SegueError)
+    assert not issubclass(errors.CheckpointFormatError, ValueError)
+    # An illegal transition is a race or a bug inside segue, not bad input: not exit 2.
+    assert not issubclass(errors.IllegalTransitionError, errors.UsageError)
+    assert errors.exit_code(errors.IllegalTransitionError("a run", "SUCCEEDED", "PAUSING")) == 4
+    # What the user asked for is refused as bad input, with the same words.
+    refused = errors.RunStateError.refusing(
+        errors.IllegalTransitionError("a run", "SUCCEEDED", "PAUSING", "the run already finished"))
+    assert isinstance(refused, errors.UsageError) and errors.exit_code(refused) == 2
+    assert str(refused) == "a run cannot go from SUCCEEDED to PAUSING; the run already finished"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
 from segue.home import Home
+from segue.run.procs import pid_alive
 
 COUNTER = str(FLOWS / "counter.py")
 
@@ -51,8 +51,8 @@ def test_kill_at_each_commit_phase(segue: Segue, counter_ref: Any, fault: str) -
         assert count["attempts"] == 1
     else:
         assert count["attempts"] == 2, (fault, count)
-        reasons = [e["reason"] for e in segue.events(run) if e["actor"] == "failure-detector"]
-        assert any("killed by SIGKILL" in r for r in reasons)
+        # The fault landed: the failure detector saw exactly that one kill.
+        assert sigkills(segue, run) == 1
     ref = counter_ref(150)
     got = segue.output(run, "count")
     assert got["acc"] == ref["count"]["acc"] and got["i"] == 150
@@ -71,9 +71,15 @@ def _largest_file(d: Path) -> Path:
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "manifest"])
-def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any, damage: str) -> None:
+def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any, damage: str,
+                                                  tmp_path: Path) -> None:
     run = "corrupt"
-    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=300", "-p", "sleep=0.004", check=True)
+    # The hold keeps the run from finishing before the pause. The run is long (12 s of work)
+    # so the pause lands well before the hold: checkpoints taken while held repeat one
+    # state, share its blobs, and damaging one would damage them all.
+    hold = tmp_path / "hold"
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=3000", "-p", "sleep=0.004",
+          "-p", f"hold={hold}", check=True)
     wait_for(lambda: (c := segue.step(run, "count")["last_checkpoint"]) and c["seq"] >= 3, 30, "checkpoints")
     assert segue("pause", run, "--wait").returncode == 0
     home = Home.resolve(segue.home)
@@ -100,9 +106,10 @@ def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any
         else:
             data = data[: len(data) // 2]
         target.write_bytes(bytes(data))
+    hold.write_text("go")
     proc = segue("resume", run)
     assert proc.returncode == 0, proc.stderr
-    ref = counter_ref(300)
+    ref = counter_ref(3000)
     assert segue.output(run, "count")["acc"] == ref["count"]["acc"]
     warnings = [e for e in segue.events(run) if e["kind"] == "warning"]
     assert len(warnings) == 1 and "failed verification" in warnings[0]["reason"]
@@ -113,9 +120,10 @@ def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any
     assert list((home.data_dir / "quarantine").iterdir())
 
 
-def test_every_checkpoint_corrupt_refuses_fresh_start(segue: Segue) -> None:
+def test_every_checkpoint_corrupt_refuses_fresh_start(segue: Segue, tmp_path: Path) -> None:
     run = "allbad"
-    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=300", "-p", "sleep=0.004", check=True)
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=300", "-p", "sleep=0.004",
+          "-p", f"hold={tmp_path / 'hold'}", check=True)
     wait_for(lambda: segue.step(run, "count")["last_checkpoint"], 30, "a checkpoint")
     assert segue("pause", run, "--wait").returncode == 0
     home = Home.resolve(segue.home)
@@ -128,33 +136,55 @@ def test_every_checkpoint_corrupt_refuses_fresh_start(segue: Segue) -> None:
     assert "will not start from scratch on its own" in err
 
 
-def test_torch_rng_resumes_exactly(segue: Segue) -> None:
+def test_torch_rng_resumes_exactly(segue: Segue, tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="torch is not installed; `pip install torch` to run this test")
     flow = str(FLOWS / "torchrng.py")
     ref = Segue(segue.home.parent / "ref")
     ref("run", flow, "--run-id", "r", "-p", "sleep=0", check=True)
     run = "t"
-    segue("run", flow, "--run-id", run, "--detach", check=True)
-    for _ in range(3):
-        pid = wait_for(lambda: (s := segue.step(run, "draw"))["state"] == "RUNNING" and s["pid"]
-                       and s["last_checkpoint"] and s["pid"], 60, "draw to run")
-        time.sleep(0.15)
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    hold = tmp_path / "hold"  # the last draw waits for it: the run cannot finish before the kills
+    segue("run", flow, "--run-id", run, "--detach", "-p", f"hold={hold}", check=True)
+    store = Home.resolve(segue.home).open_store()
+
+    def attempt_checkpointed(not_pid: int | None) -> tuple[int, int] | None:
+        t = store.get_task(run, "draw")
+        cks = store.list_checkpoints(run, "draw")
+        if t.state.value == "RUNNING" and t.pid and t.pid != not_pid and cks and cks[0].epoch == t.epoch:
+            return t.pid, t.epoch
+        return None
+
+    landed, last = 0, None
+    while landed < 3:
+        # Gate on observed progress: the attempt to kill has committed a checkpoint.
+        pid, _ = wait_for(lambda: attempt_checkpointed(last), 120, "draw to checkpoint")
+        if not pid_alive(pid):
+            continue
+        os.kill(pid, signal.SIGKILL)  # the hold keeps it alive until now: the kill lands
+        landed, last = landed + 1, pid
+        wait_for(lambda: sigkills(segue, run) >= landed, 60, "the kill to be recorded")
+    hold.write_text("go")
     segue.wait_state(run, {"SUCCEEDED"}, 120)
+    assert sigkills(segue, run) == landed == 3
     a, b = ref.output("r", "draw"), segue.output(run, "draw")
     assert set(a) == set(b)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k])
 
 
-def test_full_disk_fails_clearly_and_loses_nothing(segue: Segue, counter_ref: Any) -> None:
+def sigkills(segue: Segue, run: str) -> int:
+    """SIGKILLs of workers the failure detector recorded: faults that landed."""
+    # Transitions only: a failure also leaves a "failure" event with the same words.
+    return sum("killed by SIGKILL" in e["reason"] for e in segue.events(run)
+               if e["actor"] == "failure-detector" and e["kind"] == "task")
+
+
+def test_full_disk_fails_clearly_and_loses_nothing(segue: Segue, counter_ref: Any,
+                                                   tmp_path: Path) -> None:
     run = "full"
     quick = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}  # run options are set here
-    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=2000", "-p", "sleep=0.004", env=quick,
-          check=True)
+    hold = tmp_path / "hold"
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=2000", "-p", "sleep=0.004",
+          "-p", f"hold={hold}", env=quick, check=True)
     wait_for(lambda: segue.step(run, "count")["last_checkpoint"], 30, "a checkpoint")
     assert segue("pause", run, "--wait").returncode == 0
     before = segue.step(run, "count")["last_checkpoint"]
@@ -168,6 +198,7 @@ def test_full_disk_fails_clearly_and_loses_nothing(segue: Segue, counter_ref: An
     assert step["last_checkpoint"]["seq"] == before["seq"]  # nothing committed, nothing lost
     warnings = [e for e in segue.events(run) if e["kind"] == "warning"]
     assert any("could not be saved (OSError" in e["reason"] for e in warnings)
+    hold.write_text("go")
     proc = segue("resume", run)  # space is back
     assert proc.returncode == 0, proc.stderr
     assert segue.output(run, "count")["acc"] == counter_ref(2000)["count"]["acc"]

@@ -26,11 +26,20 @@ def make_run(store: Store, run_id: str = "r1", steps: Sequence[str] = STEPS) -> 
 
 
 def snapshot(store: Store, run_id: str = "r1") -> tuple:
-    """Everything the store holds about a run, for 'nothing changed' checks."""
+    """Everything the store holds about a run, for 'nothing changed' checks.
+
+    A refused (fenced) write changes nothing but appends a ``fenced`` event
+    that records the refusal; those are left out here and counted by the tests
+    that expect them."""
     statuses = ("committed", "quarantined", "pruned")
     return (
         store.get_run(run_id),
         store.get_tasks(run_id),
         store.list_checkpoints(run_id, statuses=statuses),
-        store.list_events(run_id),
+        [e for e in store.list_events(run_id) if e.kind != "fenced"],
     )
+
+
+def refusals(store: Store, run_id: str = "r1") -> list:
+    """The ``fenced`` events: one per write refused to a superseded epoch."""
+    return [e for e in store.list_events(run_id) if e.kind == "fenced"]

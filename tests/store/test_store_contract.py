@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from _store_helpers import STEPS, make_run, new_run, snapshot
+from _store_helpers import STEPS, make_run, new_run, refusals, snapshot
 
 from segue.errors import (
     ControllerConflictError,
@@ -239,6 +239,7 @@ def test_renew_controller_extends_and_is_fenced(store: Store) -> None:
     ):
         store.renew_controller("r1", e1, ttl_s=100)
     assert snapshot(store) == before
+    assert [(e.actor, e.data) for e in refusals(store)] == [("controller", {"epoch": 1, "current": 2})]
     assert store.renew_controller("r1", e2, ttl_s=5).controller_epoch == 2
 
 
@@ -429,6 +430,10 @@ def test_fenced_methods_refuse_a_superseded_epoch(store: Store, call) -> None:
     with pytest.raises(FencedError, match=STALE):
         call(store)
     assert snapshot(store) == before
+    # ...but the refusal itself is on record, naming the stale and the current epoch.
+    (ev,) = refusals(store)
+    assert (ev.step, ev.actor, ev.data) == ("train", "worker", {"epoch": 1, "current": 2})
+    assert ev.reason == "write refused: " + STALE[1:-1]
 
 
 # -- checkpoints ----------------------------------------------------------------------------

@@ -1,8 +1,9 @@
-"""The resource-pool contract, run against every store backend."""
+"""The host pool contract (one SQLite file shared by every home), and the home's side of it."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,124 +15,235 @@ from _store_helpers import make_run
 from segue.scheduler.policy import Need
 from segue.states import Actor, TaskState
 from segue.store import SQLiteStore
-from segue.store.pool import Denied, Placement
+from segue.store.hostpool import SQLiteHostPool, open_pool, pool_path
+from segue.store.pool import Allocated, Denied
 
-BACKENDS = ["sqlite"]
 GB = 2**30
-pytestmark = pytest.mark.parametrize("store", BACKENDS, indirect=True)
-
-
-def pool(store, gpus=(80, 80), cpus=8.0, host="h"):
-    return store.configure_host(host, cpus=cpus, memory=64 * GB,
-                                devices=[(f"v{i}", m * GB, True) for i, m in enumerate(gpus)],
-                                source="configured")
-
-
+A, B = "/homes/a/.segue", "/homes/b/.segue"  # two homes sharing one pool
 ONE_GPU = Need(gpus=1, cpus=1)
 
 
-def start(store, run, step="train", need=ONE_GPU, prio=100, ttl=60.0, host="h"):
-    return store.try_start_attempt(run, step, host=host, need=need, priority=prio, preemptible=True,
-                                   ttl_s=ttl, actor=Actor.CONTROLLER)
+class FakeClock:
+    """Virtual time: lease tests move it forward instead of sleeping against a lease."""
+
+    def __init__(self) -> None:
+        self.t = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
 
 
-def test_configure_and_read_host(store) -> None:
-    hp = pool(store, gpus=(80, 40))
-    assert [(d.index, d.memory, d.virtual) for d in hp.devices] == [(0, 80 * GB, True), (1, 40 * GB, True)]
-    assert store.get_host("h") == hp and store.get_host("other") is None
-    assert store.list_hosts() == [hp]
-    cap = store.free_capacity("h")
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+def hp(tmp_path: Path, clock: FakeClock) -> SQLiteHostPool:
+    return SQLiteHostPool(tmp_path / "pool.db", clock=clock)
+
+
+def configure(hp, gpus=(80, 80), cpus=8.0, host="h"):
+    return hp.configure_host(host, cpus=cpus, memory=64 * GB,
+                             devices=[(f"v{i}", m * GB, True) for i, m in enumerate(gpus)],
+                             source="configured")
+
+
+def alloc(hp, run, home=A, step="train", need=ONE_GPU, prio=100, ttl=60.0, host="h"):
+    return hp.allocate(home, run, step, host=host, need=need, priority=prio, preemptible=True,
+                       ttl_s=ttl)
+
+
+def placed(hp, run, home=A, step="train", epoch=1, **kw):
+    got = alloc(hp, run, home, step, **kw)
+    assert isinstance(got, Allocated), got
+    assert hp.bind(got.id, epoch, kw.get("ttl", 60.0))
+    return got
+
+
+def test_configure_and_read_host(hp) -> None:
+    h = configure(hp, gpus=(80, 40))
+    assert [(d.index, d.memory, d.virtual) for d in h.devices] == [(0, 80 * GB, True), (1, 40 * GB, True)]
+    assert hp.get_host("h") == h and hp.get_host("other") is None
+    cap = hp.free_capacity("h")
     assert len(cap.devices) == 2 and cap.cpus == 8.0
 
 
-def test_placement_starts_the_attempt_and_allocates(store) -> None:
-    pool(store)
-    make_run(store, "a")
-    got = start(store, "a")
-    assert isinstance(got, Placement) and got.devices == (0,)
-    assert got.task.state == TaskState.RUNNING and got.task.epoch == 1
-    [alloc] = store.list_allocations("h")
-    assert (alloc.run_id, alloc.step, alloc.epoch, alloc.devices) == ("a", "train", 1, (0,))
-    assert [d.index for d in store.free_capacity("h").devices] == [1]
-
-
-def test_nothing_is_allocated_twice(store) -> None:
-    pool(store, gpus=(80,))
-    make_run(store, "a")
-    make_run(store, "b")
-    assert isinstance(start(store, "a"), Placement)
-    denied = start(store, "b")
-    assert isinstance(denied, Denied)
+def test_the_same_run_id_in_two_homes_is_two_holders(hp) -> None:
+    configure(hp, gpus=(80,))
+    got = placed(hp, "train", A)
+    assert got.devices == (0,)
+    denied = alloc(hp, "train", B)  # same run id, other home: the device is taken
+    assert isinstance(denied, Denied) and not denied.never
     assert denied.reason.startswith("waiting for 1 gpu, 1 cpu; free now: 0 gpus")
-    assert store.get_task("b", "train").state == TaskState.PENDING  # nothing started
+    [a] = hp.list_allocations("h")
+    assert (a.home, a.run_id, a.epoch, a.devices) == (A, "train", 1, (0,))
 
 
-def test_right_fitting_by_gpu_memory(store) -> None:
-    pool(store, gpus=(80, 40, 24))
-    make_run(store, "a")
-    got = start(store, "a", need=Need(gpus=1, gpu_memory=30 * GB))
-    assert got.devices == (1,)
+def test_right_fitting_by_gpu_memory(hp) -> None:
+    configure(hp, gpus=(80, 40, 24))
+    assert placed(hp, "a", need=Need(gpus=1, gpu_memory=30 * GB)).devices == (1,)
 
 
-def test_impossible_request_says_so(store) -> None:
-    pool(store, gpus=(80,))
-    make_run(store, "a")
-    got = start(store, "a", need=Need(gpus=2))
-    assert isinstance(got, Denied) and got.reason == "needs 2 gpus but host 'h' has 1; it can never run here"
+def test_impossible_request_says_so(hp) -> None:
+    configure(hp, gpus=(80,))
+    got = alloc(hp, "a", need=Need(gpus=2))
+    assert isinstance(got, Denied) and got.never
+    assert got.reason == "needs 2 gpus but host 'h' has 1 gpu; it can never run here"
+    big = alloc(hp, "a", need=Need(gpus=1, gpu_memory=100 * GB))
+    assert isinstance(big, Denied) and big.never and "0 with >= 100 GiB" in big.reason
 
 
-def test_release_returns_devices_and_keeps_history(store) -> None:
-    pool(store, gpus=(80,))
-    make_run(store, "a")
-    start(store, "a")
-    rel = store.release_allocation("a", "train", 1)
+def test_release_returns_devices_and_keeps_history(hp) -> None:
+    configure(hp, gpus=(80,))
+    placed(hp, "a")
+    rel = hp.release(A, "a", "train", 1)
     assert rel is not None and rel.released_at is not None
-    assert store.list_allocations("h") == []
-    assert len(store.list_allocations("h", live_only=False)) == 1
-    assert len(store.free_capacity("h").devices) == 1
+    assert hp.list_allocations("h") == []
+    assert len(hp.list_allocations("h", live_only=False)) == 1
+    assert len(hp.free_capacity("h").devices) == 1
 
 
-def test_expired_lease_returns_devices_and_heartbeat_renews(store) -> None:
-    pool(store, gpus=(80,))
-    make_run(store, "a")
-    make_run(store, "b")
-    start(store, "a", ttl=0.3)
-    store.heartbeat("a", "train", 1, 0.3)  # renews the allocation with the lease
-    assert isinstance(start(store, "b"), Denied)
-    time.sleep(0.4)  # the holder stopped heartbeating: it crashed
-    got = start(store, "b")
-    assert isinstance(got, Placement) and got.devices == (0,)
+def test_expired_lease_returns_devices_and_renew_extends(hp, clock) -> None:
+    configure(hp, gpus=(80,))
+    placed(hp, "a", ttl=10)
+    clock.t += 8
+    assert hp.renew(A, "a", "train", 1, ttl_s=10, ckpt_at=123.0, preemptions=2)
+    clock.t += 8  # past the first lease, within the renewed one
+    assert isinstance(alloc(hp, "b", B), Denied)
+    [a] = hp.list_allocations("h")
+    assert (a.ckpt_at, a.preemptions) == (123.0, 2)  # what a preemptor chooses victims by
+    clock.t += 2.5  # the holder's controller stopped renewing: it crashed
+    assert not hp.renew(A, "a", "train", 1, ttl_s=10, ckpt_at=None, preemptions=0)
+    assert isinstance(alloc(hp, "b", B), Allocated)
 
 
-def test_priority_order_then_fifo_among_waiting_requests(store) -> None:
-    pool(store, gpus=(80,))
-    for r in ("holder", "early-batch", "late-urgent", "late-batch"):
-        make_run(store, r)
-    start(store, "holder")
+def test_an_allocation_whose_lease_lapsed_before_bind_is_refused(hp, clock) -> None:
+    configure(hp, gpus=(80,))
+    got = alloc(hp, "a", ttl=10)
+    assert isinstance(got, Allocated)
+    clock.t += 10.5  # the process stalled between allocate and starting its attempt
+    assert isinstance(alloc(hp, "b", B), Allocated)  # someone else has the device now
+    assert not hp.bind(got.id, 1, 60)
+
+
+def test_release_of_an_unbound_allocation_by_id(hp) -> None:
+    configure(hp, gpus=(80,))
+    got = alloc(hp, "a")
+    hp.release_id(got.id)  # starting the attempt failed: the devices return at once
+    assert isinstance(alloc(hp, "b", B), Allocated)
+
+
+def test_priority_order_then_fifo_among_waiting_requests_of_all_homes(hp, clock) -> None:
+    configure(hp, gpus=(80,))
+    placed(hp, "holder", A)
     n = Need(gpus=1, cpus=1)
-    store.upsert_request("early-batch", "train", host="h", need=n, priority=0, reason="x", ttl_s=60)
-    time.sleep(0.01)
-    store.upsert_request("late-batch", "train", host="h", need=n, priority=0, reason="x", ttl_s=60)
-    store.upsert_request("late-urgent", "train", host="h", need=n, priority=300, reason="x", ttl_s=60)
-    assert [r.run_id for r in store.list_requests("h")] == ["late-urgent", "early-batch", "late-batch"]
-    store.release_allocation("holder", "train", 1)
-    got = start(store, "late-batch", prio=0)
-    assert isinstance(got, Denied) and "waiting behind run 'late-urgent'" in got.reason
-    assert isinstance(start(store, "early-batch", prio=0), Denied)
-    assert isinstance(start(store, "late-urgent", prio=300), Placement)
-    assert [r.run_id for r in store.list_requests("h")] == ["early-batch", "late-batch"]
+    hp.upsert_request(A, "early-batch", "train", host="h", need=n, priority=0, reason="x", ttl_s=60)
+    clock.t += 0.01
+    hp.upsert_request(B, "late-batch", "train", host="h", need=n, priority=0, reason="x", ttl_s=60)
+    hp.upsert_request(B, "late-urgent", "train", host="h", need=n, priority=300, reason="x",
+                      ttl_s=60)
+    assert [r.run_id for r in hp.list_requests("h")] == ["late-urgent", "early-batch", "late-batch"]
+    hp.release(A, "holder", "train", 1)
+    got = alloc(hp, "early-batch", A, prio=0)
+    assert isinstance(got, Denied)
+    assert got.reason.startswith("waiting behind run 'late-urgent' step 'train' of home /homes/b")
+    assert isinstance(alloc(hp, "late-batch", B, prio=0), Denied)
+    assert isinstance(alloc(hp, "late-urgent", B, prio=300), Allocated)
+    assert [r.run_id for r in hp.list_requests("h")] == ["early-batch", "late-batch"]
 
 
-def test_a_refreshed_request_keeps_its_place(store) -> None:
+def test_a_refreshed_request_keeps_its_place(hp) -> None:
     n = Need(gpus=1)
-    a = store.upsert_request("r", "s", host="h", need=n, priority=0, reason="one", ttl_s=60)
-    b = store.upsert_request("r", "s", host="h", need=n, priority=0, reason="two", ttl_s=60)
+    a = hp.upsert_request(A, "r", "s", host="h", need=n, priority=0, reason="one", ttl_s=60)
+    b = hp.upsert_request(A, "r", "s", host="h", need=n, priority=0, reason="two", ttl_s=60)
     assert a.submitted_at == b.submitted_at and b.reason == "two"
-    store.drop_request("r")
+    hp.upsert_request(B, "r", "s", host="h", need=n, priority=0, reason="other home", ttl_s=60)
+    hp.drop_requests(A, "r")
+    assert [(r.home, r.reason) for r in hp.list_requests()] == [(B, "other home")]
+
+
+def test_no_backfill_past_a_waiting_higher_class(hp) -> None:
+    configure(hp, gpus=(80, 80))
+    placed(hp, "holder", A)  # one device busy, one free
+    hp.upsert_request(B, "big-urgent", "train", host="h", need=Need(gpus=2), priority=300,
+                      reason="x", ttl_s=60)
+    # A batch run that would fit in the free device must not take it: the urgent
+    # run is freeing capacity for itself (it is preempting the holder).
+    got = alloc(hp, "small-batch", A, prio=0)
+    assert isinstance(got, Denied) and "waiting behind run 'big-urgent'" in got.reason
+    # A request that can never run here blocks nobody.
+    hp.drop_requests(B, "big-urgent")
+    hp.upsert_request(B, "impossible", "train", host="h", need=Need(gpus=3), priority=300,
+                      reason="x", ttl_s=60)
+    assert isinstance(alloc(hp, "small-batch", A, prio=0), Allocated)
+
+
+def test_preemption_requests_are_answered_once_and_expire(hp, clock) -> None:
+    req = hp.request_preemption(A, "low", by_home=B, by_run="hi", reason="why", ttl_s=60)
+    short = hp.request_preemption(A, "low", by_home=B, by_run="hi2", reason="why", ttl_s=5)
+    assert [r.id for r in hp.pending_preemptions(A, "low")] == [req.id, short.id]
+    assert hp.pending_preemptions(B, "low") == []  # another home's run of the same name
+    hp.answer_preemption(req.id, "accepted")
+    hp.answer_preemption(req.id, "refused: too late")  # the first answer stands
+    got = hp.preemption(req.id)
+    assert got is not None and got.outcome == "accepted"
+    clock.t += 5.5
+    assert hp.pending_preemptions(A, "low") == []  # the preemptor stopped waiting for an answer
+
+
+def test_parked_runs_of_every_home(hp) -> None:
+    hp.park(A, "low")
+    hp.park(B, "low")
+    hp.park(A, "low")  # idempotent
+    assert hp.parked() == [(A, "low"), (B, "low")]
+    hp.unpark(A, "low")
+    assert hp.parked() == [(B, "low")]
+
+
+def test_pool_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SEGUE_POOL", str(tmp_path / "x" / "p.db"))
+    assert pool_path() == tmp_path / "x" / "p.db"
+    assert open_pool().path == tmp_path / "x" / "p.db"  # its directory is created
+    monkeypatch.delenv("SEGUE_POOL")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    shared = Path("/var/lib/segue")
+    if os.geteuid() == 0 or (shared.is_dir() and os.access(shared, os.W_OK)):
+        assert pool_path() == shared / "pool.db"
+    else:
+        assert pool_path() == tmp_path / "state" / "segue" / "pool.db"
+
+
+def test_a_newer_pool_schema_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "pool.db"
+    SQLiteHostPool(path)  # creates it
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA user_version = 99")
+    conn.close()
+    with pytest.raises(Exception, match="from a newer segue"):
+        SQLiteHostPool(path)
+
+
+# -- the home's side ------------------------------------------------------------
+def test_placed_attempt_starts_and_clears_the_local_request(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "segue.db")
+    make_run(store, "a")
+    store.upsert_request("a", "train", host="h", need=ONE_GPU, priority=0, reason="waiting",
+                         ttl_s=60)
+    [req] = store.list_requests()
+    assert req.home == str(tmp_path) and req.reason == "waiting"
+    task = store.start_placed_attempt("a", "train", ttl_s=60, actor=Actor.CONTROLLER,
+                                      data={"devices": [0], "host": "h"})
+    assert task.state == TaskState.RUNNING and task.epoch == 1
     assert store.list_requests() == []
+    started = [e for e in store.list_events("a") if e.to_state == TaskState.RUNNING]
+    assert started[-1].data["devices"] == [0]
 
 
-def test_stats_add_and_set(store) -> None:
+def test_stats_add_and_set(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "segue.db")
     store.add_stats("r", {"device_s": 1.5, "preemptions": 1})
     store.add_stats("r", {"device_s": 2.0})
     store.set_stats("r", {"preempted_at": 5.0})
@@ -141,42 +253,40 @@ def test_stats_add_and_set(store) -> None:
 RACER = """
 import json, sys, time
 from segue.scheduler.policy import Need
-from segue.states import Actor
-from segue.store import SQLiteStore
-from segue.store.pool import Placement
-db, me, start_at, rounds = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-store = SQLiteStore(db)
+from segue.store.hostpool import SQLiteHostPool
+from segue.store.pool import Allocated
+db, home, me, start_at, rounds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
+pool = SQLiteHostPool(db)
 while time.time() < start_at:
     time.sleep(0.001)
 got = 0
 for i in range(rounds):
-    step = f"s{i}"
-    res = store.try_start_attempt(me, step, host="h", need=Need(gpus=1, cpus=0.1), priority=100,
-                                  preemptible=True, ttl_s=30, actor=Actor.CONTROLLER)
-    if isinstance(res, Placement):
+    res = pool.allocate(home, me, f"s{i}", host="h", need=Need(gpus=1, cpus=0.1), priority=100,
+                        preemptible=True, ttl_s=30)
+    if isinstance(res, Allocated):
+        assert pool.bind(res.id, 1, 30)
         got += 1
         time.sleep(0.002)
-        store.release_allocation(me, step, res.task.epoch)
+        pool.release(home, me, f"s{i}", 1)
 print(json.dumps({"got": got}))
 """
 
 
-def test_controllers_racing_for_the_pool_never_share_a_device(store, tmp_path: Path) -> None:
-    if not isinstance(store, SQLiteStore):
-        pytest.skip("the racers open the SQLite file directly")
-    pool(store, gpus=(80, 80))
+def test_controllers_of_many_homes_racing_never_share_a_device(hp, tmp_path: Path) -> None:
+    configure(hp, gpus=(80, 80))
     racers, rounds = 6, 40
-    for r in range(racers):
-        make_run(store, f"r{r}", steps=[f"s{i}" for i in range(rounds)])
     script = tmp_path / "racer.py"
     script.write_text(RACER)
     start_at = time.time() + 1.5
-    procs = [subprocess.Popen([sys.executable, str(script), str(store.path), f"r{r}", str(start_at),
-                               str(rounds)], stdout=subprocess.PIPE, text=True) for r in range(racers)]
+    # Every racer is a run called "r" of its own home.
+    procs = [subprocess.Popen([sys.executable, str(script), str(hp.path), f"/homes/{r}", "r",
+                               str(start_at), str(rounds)], stdout=subprocess.PIPE, text=True)
+             for r in range(racers)]
     got = [json.loads(p.communicate(timeout=120)[0])["got"] for p in procs]
     assert all(p.returncode == 0 for p in procs)
-    history = store.list_allocations("h", live_only=False)
+    history = hp.list_allocations("h", live_only=False)
     assert len(history) == sum(got) and sum(got) > 0
+    assert len({a.home for a in history}) > 1
     # For each device, the allocation intervals never overlap.
     for dev in (0, 1):
         spans = sorted((a.since, a.released_at) for a in history if dev in a.devices)
@@ -184,17 +294,41 @@ def test_controllers_racing_for_the_pool_never_share_a_device(store, tmp_path: P
             assert e1 is not None and e1 <= s2, f"device {dev} allocated twice: {s1}-{e1} and {s2}"
 
 
-def test_no_backfill_past_a_waiting_higher_class(store) -> None:
-    pool(store, gpus=(80, 80))
-    for r in ("holder", "big-urgent", "small-batch", "impossible"):
-        make_run(store, r)
-    start(store, "holder")  # one device busy, one free
-    store.upsert_request("big-urgent", "train", host="h", need=Need(gpus=2), priority=300, reason="x", ttl_s=60)
-    # A batch run that would fit in the free device must not take it: the urgent
-    # run is freeing capacity for itself (it is preempting the holder).
-    got = start(store, "small-batch", prio=0)
-    assert isinstance(got, Denied) and "waiting behind run 'big-urgent'" in got.reason
-    # A request that can never run here blocks nobody.
-    store.drop_request("big-urgent")
-    store.upsert_request("impossible", "train", host="h", need=Need(gpus=3), priority=300, reason="x", ttl_s=60)
-    assert isinstance(start(store, "small-batch", prio=0), Placement)
+def test_homes_share_devices_but_budget_cpus_each(hp) -> None:
+    configure(hp, gpus=(80,), cpus=4.0)
+    placed(hp, "cpu-heavy", A, need=Need(cpus=4))
+    # Home A's cpus are all allocated; home B budgets its own share of the cores.
+    assert isinstance(alloc(hp, "more", A, need=Need(cpus=1)), Denied)
+    assert isinstance(alloc(hp, "cpu-b", B, need=Need(cpus=4)), Allocated)
+    assert hp.free_capacity("h", A).cpus == 0.0 and len(hp.free_capacity("h", B).devices) == 1
+    placed(hp, "gpu-a", A, step="fit", need=Need(gpus=1))
+    assert hp.free_capacity("h", B).devices == ()  # the device is the machine's
+    # A CPU-only urgent request of home B does not hold back home A's CPU work,
+    # but a GPU one holds back GPU work of every home.
+    hp.release(A, "cpu-heavy", "train", 1)
+    hp.upsert_request(B, "urgent-cpu", "s", host="h", need=Need(cpus=8), priority=300,
+                      reason="x", ttl_s=60)
+    assert isinstance(alloc(hp, "batch-cpu", A, need=Need(cpus=1), prio=0), Allocated)
+    hp.release(A, "gpu-a", "fit", 1)
+    hp.upsert_request(B, "urgent-gpu", "s", host="h", need=Need(gpus=1), priority=300,
+                      reason="x", ttl_s=60)
+    got = alloc(hp, "batch-gpu", A, need=Need(gpus=1), prio=0)
+    assert isinstance(got, Denied) and "waiting behind run 'urgent-gpu'" in got.reason
+
+
+def test_a_home_made_again_at_the_same_path_can_bind_its_epochs_again(hp, clock) -> None:
+    # `rm -rf .segue` and the same --run-id: epochs start over at 1 under the same key.
+    configure(hp, gpus=(80, 80, 80))
+    first = placed(hp, "nightly", A, epoch=1)
+    hp.release(A, "nightly", "train", 1)
+    again = placed(hp, "nightly", A, epoch=1)
+    assert again.id != first.id
+    rows = hp.list_allocations("h", live_only=False)
+    assert sorted(r.epoch for r in rows) == [-first.id, 1]
+    # A holder that is still live keeps its key: the newcomer's bind fails, nothing raises.
+    lapsed = placed(hp, "other", B, epoch=1, ttl=5.0)
+    clock.t += 10.0  # lapsed's lease ran out without a release
+    live = placed(hp, "other", B, epoch=1)
+    assert live.id != lapsed.id
+    clash = alloc(hp, "other", B)
+    assert isinstance(clash, Allocated) and not hp.bind(clash.id, 1, 60.0)

@@ -21,6 +21,7 @@ import numpy as np
 import xxhash
 
 from .format import ArrayEntry, OpaqueEntry
+from .jobs import run_all
 from .safetensors_io import header_bytes, pack
 from .tree import Encoded
 
@@ -102,8 +103,45 @@ def _stored(ref: str, arr: np.ndarray, meta: dict[str, Any]) -> tuple[np.ndarray
     return stored, st
 
 
+_Template = list[tuple[str, bytes, dict[str, ArrayEntry], list[str]]]
+_last_layout: tuple[Any, _Template] | None = None
+"""The array blobs of the last plan, by layout (:attr:`.tree.Encoded.layout`): a
+checkpointer saves the same structure again and again, and rebuilding thousands of
+small arrays' headers and entries each time cost more than copying their bytes."""
+
+
 def plan(enc: Encoded, *, large_bytes: int = LARGE_BYTES) -> list[BlobPlan]:
     """Group the arrays and opaque values of ``enc`` into blobs (nothing is copied)."""
+    global _last_layout
+    plans: list[BlobPlan]
+    key = (large_bytes, tuple(enc.layout)) if len(enc.layout) == len(enc.arrays) else None
+    last = _last_layout  # one read: another thread may replace it, never mutate it
+    if key is not None and last is not None and last[0] == key:
+        arrs = enc.arrays
+        # The encoder made every array C-contiguous; only big-endian ones need pack(),
+        # and datetimes cannot export a buffer to np.frombuffer.
+        if any(d.byteorder == ">" or d.kind in "mM" for d, _, _ in enc.layout):
+            plans = [BlobPlan(kind, head, [_flat(pack(arrs[r])[0]) for r in refs],
+                              arrays=dict(entries)) for kind, head, entries, refs in last[1]]
+        else:
+            as_bytes = np.frombuffer  # of a C-contiguous array: _flat's bytes, in one call
+            plans = [BlobPlan(kind, head, [as_bytes(arrs[r], np.uint8) for r in refs],
+                              arrays=dict(entries)) for kind, head, entries, refs in last[1]]
+    else:
+        plans = _plan_arrays(enc, large_bytes)
+        if key is not None:
+            _last_layout = (key, [(p.kind, p.header, dict(p.arrays), list(p.arrays)) for p in plans])
+    if enc.opaque:
+        segs, entries, offset = [], {}, 0
+        for ref, blob in enc.opaque.items():
+            segs.append(np.frombuffer(blob, dtype=np.uint8))
+            entries[ref] = OpaqueEntry("", offset, len(blob), enc.opaque_types[ref])
+            offset += len(blob)
+        plans.append(BlobPlan("opaque", b"", segs, opaque=entries))
+    return plans
+
+
+def _plan_arrays(enc: Encoded, large_bytes: int) -> list[BlobPlan]:
     plans: list[BlobPlan] = []
     small: list[tuple[str, np.ndarray, str]] = []
     small_bytes = 0
@@ -136,13 +174,6 @@ def plan(enc: Encoded, *, large_bytes: int = LARGE_BYTES) -> list[BlobPlan]:
         if small_bytes >= PACK_BYTES:
             close_pack()
     close_pack()
-    if enc.opaque:
-        segs, entries, offset = [], {}, 0
-        for ref, blob in enc.opaque.items():
-            segs.append(np.frombuffer(blob, dtype=np.uint8))
-            entries[ref] = OpaqueEntry("", offset, len(blob), enc.opaque_types[ref])
-            offset += len(blob)
-        plans.append(BlobPlan("opaque", b"", segs, opaque=entries))
     return plans
 
 
@@ -169,11 +200,24 @@ def stage(plans: list[BlobPlan], arena: Arena, pool: Executor | None) -> list[Bl
     """
     total = sum(s.nbytes for p in plans for s in p.segments)
     buf = arena.reserve(total)
-    jobs: list[list[tuple[np.ndarray, np.ndarray]]] = [[]]
+    jobs: list[list[tuple[np.ndarray, Any]]] = [[]]
     job_bytes = 0
     out: list[BlobPlan] = []
     offset = 0
     for p in plans:
+        if p.kind == "pack" and len(p.segments) > 1:
+            # A pack becomes one contiguous segment, copied by one np.concatenate:
+            # no Python work per small array.
+            n = sum(s.nbytes for s in p.segments)
+            dst = buf[offset : offset + n]
+            jobs[-1].append((dst, p.segments))
+            job_bytes += n
+            if job_bytes >= CHUNK:
+                jobs.append([])
+                job_bytes = 0
+            offset += n
+            out.append(replace(p, segments=[dst]))
+            continue
         segs = []
         for s in p.segments:
             dst = buf[offset : offset + s.nbytes]
@@ -191,15 +235,16 @@ def stage(plans: list[BlobPlan], arena: Arena, pool: Executor | None) -> list[Bl
             segs = [buf[offset - sum(x.nbytes for x in segs) : offset]]
         out.append(replace(p, segments=segs))
 
-    def copy(job: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    def copy(job: list[tuple[np.ndarray, Any]]) -> None:
         for dst, src in job:
-            np.copyto(dst, src)
+            if type(src) is list:
+                np.concatenate(src, out=dst)
+            else:
+                np.copyto(dst, src)
 
-    if pool is None or len(jobs) < 2:
-        for job in jobs:
-            copy(job)
-    else:  # np.copyto releases the GIL: the copies run in parallel
-        list(pool.map(copy, jobs))
+    # np.copyto releases the GIL: the copies run in parallel. run_all returns only
+    # once every copy has ended, so none writes into an arena handed back on failure.
+    run_all(pool, copy, jobs)
     return out
 
 
@@ -212,6 +257,6 @@ def hash_blob(p: BlobPlan) -> str:
 
 def hash_all(plans: list[BlobPlan], pool: Executor | None) -> None:
     """Set every plan's key to the xxh3_128 of its bytes (blobs hashed in parallel)."""
-    keys = list(pool.map(hash_blob, plans)) if pool is not None else [hash_blob(p) for p in plans]
+    keys = run_all(pool, hash_blob, plans)
     for p, k in zip(plans, keys, strict=True):
         p.key = k

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointCorruptError, CheckpointError
+from .blobs import BLOB_DIR
 from .format import MANIFEST_NAME, Manifest
 from .fsspec_storage import open_storage
 from .io import list_dir_checkpoints, read_manifest, verify
@@ -31,38 +32,71 @@ class CheckpointSummary:
     tags: tuple[str, ...]
 
 
+MANAGER_PREFIX = "checkpoints"
+"""Where :class:`~.manager.CheckpointManager` puts its checkpoints under its storage."""
+
+
 def locate(url_or_path: str | Path) -> tuple[CheckpointStorage, str, bool]:
     """(storage, relative path, is_checkpoint) for a checkpoint or a directory of them.
 
+    A directory of checkpoints is either their parent, or the storage root given to
+    :class:`~.manager.CheckpointManager` (its checkpoints are under ``checkpoints/``);
+    if it holds none, the path is "" below the storage and the caller lists nothing.
     For a single v2 checkpoint the storage root is the nearest ancestor that holds
     its blobs, because v2 manifests name blobs relative to that root.
     """
-    text = str(url_or_path).rstrip("/")
+    text = str(url_or_path)
+    if "://" not in text:  # absolute, so that a checkpoint in the cwd has ancestors
+        text = str(Path(text).absolute())
+    text = text.rstrip("/") or "/"
     storage = open_storage(text)
-    if not storage.exists(MANIFEST_NAME):
-        # A directory of checkpoints: its root is the root of its checkpoints.
-        children = list_dir_checkpoints(storage, "")
-        if not children:
-            return storage, "", False
-        root, rel, _ = locate(f"{text}/{children[0]}")
-        return root, rel.rsplit("/", 1)[0] if "/" in rel else "", False
+    if storage.exists(MANIFEST_NAME):
+        return _locate_one(text)
+    for prefix in ("", MANAGER_PREFIX):
+        children = list_dir_checkpoints(storage, prefix)
+        # The directory's root is the root of its checkpoints: the first readable one.
+        for child in children:
+            root, rel, _ = _locate_one(f"{text}/{child}")
+            if _readable(root, rel):
+                return root, rel.rsplit("/", 1)[0] if "/" in rel else "", False
+        if children:
+            return storage, prefix, False
+    return storage, "", False
+
+
+def _readable(storage: CheckpointStorage, path: str) -> bool:
+    try:
+        read_manifest(storage, path)
+    except CheckpointCorruptError:
+        return False
+    return True
+
+
+def _locate_one(text: str) -> tuple[CheckpointStorage, str, bool]:
     parts = text.split("/")
+    fallback: tuple[CheckpointStorage, str, bool] | None = None
+    root_found = False
     for cut in range(1, len(parts)):
         prefix = "/".join(parts[:-cut]) or "/"
         if "://" in text and prefix.endswith(":/"):
             break
         candidate = open_storage(prefix)
         rel = "/".join(parts[-cut:])
+        if fallback is None:
+            # A bad manifest has no trustworthy file list: verify reports it from here.
+            fallback = candidate, rel, True
         try:
             m = read_manifest(candidate, rel)
         except CheckpointCorruptError:
-            continue
-        if m.version == 1 or not m.files or candidate.exists(next(iter(m.files))):
+            return fallback
+        if m.version == 1 or not m.files or any(candidate.exists(f) for f in m.files):
             return candidate, rel, True
-    raise CheckpointError(
-        f"{text} holds a manifest but no ancestor directory holds its blobs; "
-        "pass the checkpoint inside its storage root"
-    )
+        if not root_found and candidate.exists(BLOB_DIR):
+            # Every blob is gone but this is a storage root: verify says which are missing.
+            fallback, root_found = (candidate, rel, True), True
+    if fallback is None:
+        raise CheckpointError(f"{text} is not a checkpoint path; pass a checkpoint or its directory")
+    return fallback
 
 
 def summarize(storage: CheckpointStorage, path: str) -> CheckpointSummary:

@@ -20,7 +20,7 @@ from typing import Any
 
 import xxhash
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointFormatError
 
 FORMAT = "segue.checkpoint"
 VERSION = 2
@@ -28,8 +28,9 @@ READABLE_VERSIONS = (1, 2)
 MANIFEST_NAME = "MANIFEST.json"
 
 
-class ManifestFormatError(ValueError):
-    """The manifest bytes do not hold a well-formed manifest."""
+class ManifestFormatError(CheckpointFormatError):
+    """The manifest bytes do not hold a well-formed manifest (readers report it as
+    :class:`~segue.errors.CheckpointCorruptError` of the checkpoint)."""
 
 
 @dataclass(frozen=True)

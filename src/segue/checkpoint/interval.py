@@ -82,7 +82,10 @@ class IntervalPolicy:
         self.retune_ratio, self.smoothing = retune_ratio, smoothing
         self._clock = clock
         self._last_t = clock()
+        # The step counter the last checkpoint covers. None: not known yet; the first
+        # step :meth:`due` sees then sets it.
         self._last_step: int | None = None
+        self._resumed = False  # mark(None) was called: the first step seen is covered
         self._forced = False
         self._cost: float | None = None  # smoothed
         self._cost_used: float | None = None  # the one the current decision used
@@ -95,9 +98,16 @@ class IntervalPolicy:
         return self._maybe_retune("mtbf observed", force=True)
 
     def mark(self, step: int | None = None) -> float:
-        """A checkpoint is being taken now: restart the interval; returns the clock time."""
+        """A checkpoint is being taken now: restart the interval; returns the clock time.
+
+        ``step`` is the counter the checkpoint covers; None when unknown (a restore
+        in a flow): the first step :meth:`due` then sees counts as covered.
+        """
         self._last_t = self._clock()
         self._last_step = step
+        # A checkpoint taken (or restored) without a step counter covers the work done
+        # so far, so the first step seen afterwards must not fire again.
+        self._resumed = step is None
         self._forced = False
         return self._last_t
 
@@ -129,8 +139,10 @@ class IntervalPolicy:
         d = self.decision
         if d.every_steps is not None and step is not None:
             if self._last_step is None:
-                self._last_step = step
-            elif step - self._last_step >= d.every_steps:
+                # Fresh: the first step seen is not covered yet (a loop counting from 1
+                # with every_steps=1 fires at 1). After a restore, it is.
+                self._last_step = step if self._resumed else step - 1
+            if step >= next_multiple(self._last_step, d.every_steps):
                 return True
         return d.every_s is not None and self._clock() - self._last_t >= d.every_s
 
@@ -168,3 +180,14 @@ class IntervalPolicy:
             f"{why}: young/daly sqrt(2 * {self._cost:.3g}s * {mtbf:.3g}s) = {t:.3g}s"
             + ("" if clamped == t else f", clamped to {clamped:.3g}s"),
         )
+
+
+def next_multiple(covered: int, every: int) -> int:
+    """The first positive multiple of ``every`` above ``covered``.
+
+    ``every_steps=100`` means steps 100, 200, ... (like ``step % 100 == 0``), not
+    "100 after whatever step was seen first": a counter that skips (batches of 32)
+    fires at the first step at or past each multiple, and a checkpoint taken off
+    the grid (a pause, "checkpoint now") does not shift the next one.
+    """
+    return max(covered // every + 1, 1) * every

@@ -1,7 +1,7 @@
 """A small high-level API for any training loop, outside a segue flow.
 
     mgr = CheckpointManager("s3://bucket/run1", keep_last=3, every="auto")
-    start, state = mgr.restore_latest() or (0, init())
+    start, state = mgr.restore_latest() or (0, init())   # raises if all are corrupt
     for step in range(start, n):
         ...
         if mgr.due(step):
@@ -9,7 +9,9 @@
     mgr.close()                          # waits until the last one is durable
 
 Checkpoints are ``<prefix>/step-<step>`` directories; retention runs after each
-save is durable. Restore verifies newest first and skips (or quarantines) bad ones.
+save is durable. Restore verifies newest first and skips (or quarantines) bad ones;
+if every checkpoint is bad it raises NoValidCheckpointError rather than start over.
+``every_steps=N`` fires at steps N, 2N, ... (see :func:`.interval.next_multiple`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointCorruptError
+from ..errors import CheckpointCorruptError, NoValidCheckpointError
 from .async_save import Checkpointer
 from .fsspec_storage import open_storage
 from .interval import IntervalDecision, IntervalPolicy
@@ -110,17 +112,40 @@ class CheckpointManager:
             fut.result()
         return fut
 
-    def restore_latest(self) -> tuple[int, Any] | None:
-        """(step, state) of the newest checkpoint that verifies, or None if there is none."""
+    def restore_latest(self, *, allow_fresh_start: bool = False) -> tuple[int, Any] | None:
+        """(step, state) of the newest checkpoint that verifies; None if there is none yet.
+
+        Bad checkpoints are skipped newest first (and quarantined unless
+        ``quarantine_bad=False``), each with a warning naming the one used instead.
+        If checkpoints exist but none verifies, this raises NoValidCheckpointError,
+        because the usual ``restore_latest() or (0, init())`` would silently start
+        over; pass ``allow_fresh_start=True`` to get None in that case.
+        """
+        bad: list[tuple[CheckpointCorruptError, str]] = []
+        found = None
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
-                return step, load(self.storage, path, allow_pickle=self.allow_pickle).state
+                found = step, load(self.storage, path, allow_pickle=self.allow_pickle).state
+                break
             except CheckpointCorruptError as e:
                 where = quarantine(self.storage, path, str(e)) if self.quarantine_bad else path
-                warnings.warn(f"{e}; using the previous checkpoint; the bad one is at {where}",
-                              RuntimeWarning, stacklevel=2)
-        return None
+                bad.append((e, where))
+        if found is not None:
+            # The restored step is covered: the next due() fires at the next multiple.
+            self.interval.mark(found[0])
+        using = (f"using checkpoint {self.path(found[0])} of step {found[0]}" if found
+                 else "no earlier checkpoint verifies")
+        moved = "the bad one was moved to" if self.quarantine_bad else "the bad one stays at"
+        for e, where in bad:
+            warnings.warn(f"{e}; {using}; {moved} {where}", RuntimeWarning, stacklevel=2)
+        if found is None and bad and not allow_fresh_start:
+            raise NoValidCheckpointError(
+                f"none of the {len(bad)} checkpoints under {self.prefix or 'the storage root'} "
+                f"verifies ({'; '.join(f'{e.path}: {e.detail}' for e, _ in bad)}); "
+                "repair them, or call restore_latest(allow_fresh_start=True) to start over"
+            )
+        return found
 
     def wait(self) -> None:
         self._ckpt.wait()

@@ -16,9 +16,10 @@ import numpy as np
 import xxhash
 
 from ..errors import CheckpointCorruptError
+from .blobs import BLOB_DIR
 from .format import MANIFEST_NAME, FileEntry, Manifest, ManifestFormatError
 from .safetensors_io import CHUNK, SafetensorsFormatError, read_safetensors, unpack
-from .storage import CheckpointStorage
+from .storage import CheckpointStorage, check_relpath
 
 T = TypeVar("T")
 
@@ -38,7 +39,24 @@ def read_manifest(storage: CheckpointStorage, path: str) -> Manifest:
     }:
         if name not in manifest.files:
             raise CheckpointCorruptError(path, f"manifest unreadable: {name} is not in files")
+    for name in manifest.files:
+        if not _file_name_ok(manifest.version, name):
+            # A manifest is data, never trusted: one naming a file outside the checkpoint
+            # (its directory for v1, blobs/ for v2) is corrupt like any other bad byte.
+            raise CheckpointCorruptError(
+                path, f"manifest unreadable: file {name!r} is outside the checkpoint"
+            )
     return manifest
+
+
+def _file_name_ok(version: int, name: str) -> bool:
+    try:
+        rel = check_relpath(name)
+    except (TypeError, ValueError):
+        return False
+    if rel.as_posix() != name or name in ("", "."):
+        return False  # "a//b", "./a": not a name the writer produces
+    return version == 1 or rel.parts[0] == BLOB_DIR
 
 
 def _map(pool: Executor | None, fn: Callable[[Any], T], items: list[Any]) -> list[T]:

@@ -23,6 +23,8 @@ from typing import BinaryIO
 import numpy as np
 import xxhash
 
+from ..errors import CheckpointFormatError
+
 CHUNK = 16 << 20
 """Bytes per write/read call: large enough to be fast, small enough to bound memory."""
 
@@ -50,7 +52,7 @@ ST_TO_NP: dict[str, np.dtype] = {
 NP_TO_ST: dict[np.dtype, str] = {dt: name for name, dt in ST_TO_NP.items() if name != "BF16"}
 
 
-class SafetensorsFormatError(ValueError):
+class SafetensorsFormatError(CheckpointFormatError):
     """The bytes are not a well-formed safetensors file."""
 
 

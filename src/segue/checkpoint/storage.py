@@ -13,8 +13,10 @@ torn one, even after power loss.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
+import threading
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -22,6 +24,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
+
+from .._faults import fault_point
 
 TEMP_MARK = ".tmp-"
 """Temp files are named ``.<name>.tmp-<pid>-<random>``; nothing ever reads them."""
@@ -334,34 +338,93 @@ class LocalStorage(CheckpointStorage):
             os.close(fd)
 
 
+class BlobClosedError(ValueError):
+    """A write to a blob writer that was already committed or aborted."""
+
+
+class _OwnedFd:
+    """A file descriptor that is closed exactly once, and never while in use.
+
+    A raw int descriptor read by one thread and closed by another is the classic
+    wrong-file write: the number is reused by the next ``open`` in the process
+    (the metadata store's database or WAL, say) and the late ``pwrite`` lands
+    there. Every use goes through :meth:`use`, which counts users under a lock;
+    :meth:`close` refuses new users, waits for the current ones, then closes.
+    """
+
+    def __init__(self, fd: int, name: str) -> None:
+        self._fd: int | None = fd
+        self._name = name
+        self._users = 0
+        self._closing = False
+        self._cond = threading.Condition(threading.Lock())
+
+    @contextlib.contextmanager
+    def use(self) -> Iterator[int]:
+        with self._cond:
+            if self._closing or self._fd is None:
+                raise BlobClosedError(f"blob {self._name} is closed")
+            self._users += 1
+            fd = self._fd
+        try:
+            yield fd  # valid until the last user leaves: close() waits for us
+        finally:
+            with self._cond:
+                self._users -= 1
+                if self._users == 0:
+                    self._cond.notify_all()
+
+    def close(self) -> None:
+        """Close once every current user is done; later calls are no-ops."""
+        with self._cond:
+            self._closing = True
+            while self._users:
+                self._cond.wait()
+            fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
+
+
 class _LocalBlobWriter(BlobWriter):
     """A temp file in the target directory, written with pwrite from any thread."""
 
     def __init__(self, final: Path, size: int) -> None:
         self.final, self.size = final, size
         self.tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        self.fd: int | None = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        self._fd = _OwnedFd(fd, final.name)
         if size:
-            with contextlib.suppress(OSError):  # not every filesystem can preallocate
-                os.posix_fallocate(self.fd, 0, size)
+            try:
+                # Reserve the space now: a full disk then fails here, before any
+                # byte is written, instead of in the middle of parallel writes.
+                os.posix_fallocate(fd, 0, size)
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    self.abort()
+                    raise OSError(e.errno, e.strerror, str(self.tmp)) from None
+                # EOPNOTSUPP, EINVAL: this filesystem cannot preallocate; write anyway.
 
     def write_at(self, offset: int, data: memoryview | bytes) -> None:
-        if self.fd is None:
-            raise ValueError(f"blob {self.final.name} is closed")
         view = memoryview(data).cast("B")
-        while view:  # pwrite may write less than asked
-            n = os.pwrite(self.fd, view, offset)
-            view, offset = view[n:], offset + n
+        with self._fd.use() as fd:
+            try:
+                fault_point("checkpoint.pwrite")  # tests fill the disk here
+                while view:  # pwrite may write less than asked
+                    n = os.pwrite(fd, view, offset)
+                    view, offset = view[n:], offset + n
+            except OSError as e:  # name the file: "disk full" must say where
+                raise OSError(e.errno, e.strerror, str(self.tmp)) from None
 
     def commit(self, before_publish: Callable[[], None] | None = None) -> None:
-        if self.fd is None:
-            raise ValueError(f"blob {self.final.name} is closed")
         try:
-            # Durable before visible: a published name must never point at lost blocks.
-            os.fsync(self.fd)
+            with self._fd.use() as fd:
+                # Durable before visible: a published name must never point at lost blocks.
+                try:
+                    os.fsync(fd)
+                except OSError as e:
+                    raise OSError(e.errno, e.strerror, str(self.tmp)) from None
         finally:
-            os.close(self.fd)
-            self.fd = None
+            self._fd.close()
         try:
             if before_publish is not None:
                 before_publish()
@@ -375,8 +438,6 @@ class _LocalBlobWriter(BlobWriter):
         _fsync_dir(self.final.parent)
 
     def abort(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        self._fd.close()  # waits for a write still in flight on another thread
         with contextlib.suppress(FileNotFoundError):
             self.tmp.unlink()

@@ -43,6 +43,10 @@ class Encoded:
     array_meta: dict[str, dict[str, Any]] = field(default_factory=dict)
     opaque: dict[str, bytes] = field(default_factory=dict)
     opaque_types: dict[str, str] = field(default_factory=dict)
+    layout: list[tuple[Any, ...]] = field(default_factory=list)
+    """Per array, in ref order: what its place in the blobs depends on (dtype, shape,
+    meta), never its content. Equal layouts plan into equal blob layouts, so a
+    checkpointer saving the same structure again can reuse the plan (``blobs.plan``)."""
 
 
 def _type_name(value: Any) -> str:
@@ -50,53 +54,79 @@ def _type_name(value: Any) -> str:
     return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
 
 
+# Paths are built only when an error names one: a (parent, suffix) chain costs a tuple
+# per node, where an f-string per key cost more than the encoding itself on states
+# with thousands of small arrays.
+Path = Any  # str (the root), (Path, suffix) or (Path, dict key, None)
+
+
+def _render(path: Path) -> str:
+    parts: list[str] = []
+    while isinstance(path, tuple):
+        parts.append(path[1] if len(path) == 2 else f"[{path[1]!r}]")
+        path = path[0]
+    return str(path) + "".join(reversed(parts))
+
+
+_NUMPY_META = ("numpy",)
+
+
 class _Encoder:
     def __init__(self, allow_pickle: bool) -> None:
         self.allow_pickle = allow_pickle
         self.out = Encoded(tree=None)
 
-    def array(self, arr: np.ndarray, meta: dict[str, Any]) -> str:
-        ref = f"a{len(self.out.arrays)}"
+    def array(self, arr: np.ndarray, meta: dict[str, Any] | None) -> str:
+        """Add ``arr`` (C-contiguous from here on); ``meta`` None means a numpy array."""
+        out = self.out
+        ref = f"a{len(out.arrays)}"
         # Keep 0-d arrays 0-d: np.ascontiguousarray would make them 1-d.
-        self.out.arrays[ref] = arr if arr.flags.c_contiguous else arr.copy(order="C")
-        self.out.array_meta[ref] = meta
+        out.arrays[ref] = arr if arr.flags.c_contiguous else arr.copy(order="C")
+        if meta is None:
+            out.array_meta[ref] = {"framework": "numpy"}
+            key: tuple[str, ...] = _NUMPY_META
+        else:
+            out.array_meta[ref] = meta
+            key = tuple(sorted(map(repr, meta.items())))
+        out.layout.append((arr.dtype, arr.shape, key))  # dtypes compare by value
         return ref
 
-    def opaque(self, value: Any, path: str, why: str) -> dict[str, Any]:
+    def opaque(self, value: Any, path: Path, why: str) -> dict[str, Any]:
         if not self.allow_pickle:
-            raise StateTypeError(f"{path} {why}; {_FIX}")
+            raise StateTypeError(f"{_render(path)} {why}; {_FIX}")
         try:
             blob = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as e:
             raise StateTypeError(
-                f"{path} holds a {_type_name(value)} that pickle cannot store ({e}); convert it"
+                f"{_render(path)} holds a {_type_name(value)} that pickle cannot store ({e}); "
+                "convert it"
             ) from None
         ref = f"o{len(self.out.opaque)}"
         self.out.opaque[ref] = blob
         self.out.opaque_types[ref] = _type_name(value)
         return {TAG: "pickle", "ref": ref}
 
-    def encode(self, v: Any, path: str) -> Any:
+    def encode(self, v: Any, path: Path) -> Any:
         t = type(v)
         if v is None or t is bool or t is int or t is str:
             return v
+        if t is np.ndarray:  # first: states are mostly arrays
+            if v.dtype.hasobject or v.dtype.kind == "V":
+                return self.opaque(v, path, f"holds an array of dtype {v.dtype}")
+            return {TAG: "ndarray", "ref": self.array(v, None)}
         if t is float:
             return v if math.isfinite(v) else {TAG: "float", "value": repr(v)}
         if t is dict or t is OrderedDict:
             return self.mapping(v, path)
         if t is list:
-            return [self.encode(x, f"{path}[{i}]") for i, x in enumerate(v)]
+            return [self.encode(x, (path, f"[{i}]")) for i, x in enumerate(v)]
         if t is tuple:
             return {
                 TAG: "tuple",
-                "items": [self.encode(x, f"{path}[{i}]") for i, x in enumerate(v)],
+                "items": [self.encode(x, (path, f"[{i}]")) for i, x in enumerate(v)],
             }
         if t is bytes:
             return {TAG: "bytes", "b64": base64.b64encode(v).decode("ascii")}
-        if t is np.ndarray:
-            if v.dtype.hasobject or v.dtype.kind == "V":
-                return self.opaque(v, path, f"holds an array of dtype {v.dtype}")
-            return {TAG: "ndarray", "ref": self.array(v, {"framework": "numpy"})}
         if t is np.str_:  # flexible scalars: their dtype size follows the value
             return {TAG: "npscalar", "dtype": "U", "value": str(v)}
         if t is np.bytes_:
@@ -108,7 +138,7 @@ class _Encoder:
                 "b64": base64.b64encode(v.tobytes()).decode("ascii"),
             }
         if t is np.random.Generator and type(v.bit_generator).__name__ in GENERATORS:
-            state = self.encode(v.bit_generator.state, f"{path}.bit_generator.state")
+            state = self.encode(v.bit_generator.state, (path, ".bit_generator.state"))
             return {
                 TAG: "generator",
                 "bit_generator": type(v.bit_generator).__name__,
@@ -128,13 +158,13 @@ class _Encoder:
             return {TAG: "jax", "ref": self.array(*host)}
         return self.opaque(v, path, f"holds a {_type_name(v)}")
 
-    def mapping(self, d: dict[Any, Any], path: str) -> Any:
+    def mapping(self, d: dict[Any, Any], path: Path) -> Any:
         if d and type(d) is dict and all(type(k) is int for k in d):
             # int keys (an optimizer's per-parameter state): JSON keys must be str
             return {
                 TAG: "idict",
                 "keys": list(d),
-                "values": [self.encode(x, f"{path}[{k!r}]") for k, x in d.items()],
+                "values": [self.encode(x, (path, f"[{k!r}]")) for k, x in d.items()],
             }
         for k in d:
             if type(k) is not str:
@@ -145,7 +175,8 @@ class _Encoder:
                 )
         if TAG in d:
             return self.opaque(d, path, f"has the key {TAG!r}, which segue reserves; rename it")
-        items = {k: self.encode(x, f"{path}[{k!r}]") for k, x in d.items()}
+        enc = self.encode
+        items = {k: enc(x, (path, k, None)) for k, x in d.items()}
         return items if type(d) is dict else {TAG: "odict", "items": items}
 
 

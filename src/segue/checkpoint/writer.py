@@ -19,7 +19,6 @@ import json
 import os
 import time
 import uuid
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -29,6 +28,7 @@ from .._faults import fault_point
 from ..errors import CheckpointError
 from .blobs import PENDING_DIR, BlobPlan, hash_all
 from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest, OpaqueEntry
+from .jobs import run_all
 from .storage import BlobWriter, CheckpointStorage
 
 
@@ -43,16 +43,14 @@ class WriteStats:
     seconds: float
 
 
-def _run(pool: Executor | None, fn: Callable[[Any], Any], items: list[Any]) -> None:
-    if pool is None or len(items) < 2:
-        for item in items:
-            fn(item)
-    else:
-        list(pool.map(fn, items))
-
-
 def write_blobs(storage: CheckpointStorage, plans: list[BlobPlan], pool: Executor | None) -> None:
-    """Write ``plans`` durably: every chunk of every blob in parallel, then commit each."""
+    """Write ``plans`` durably: every chunk of every blob in parallel, then commit each.
+
+    On any failure (a full disk, typically) every writer is aborted, but only
+    after every job that uses one has ended (:func:`.jobs.run_all`): a writer
+    closed under a running ``pwrite`` frees its descriptor number for the next
+    ``open`` in the process, and the late write lands in that file.
+    """
     writers: dict[str, BlobWriter] = {}
     try:
         for p in plans:
@@ -64,9 +62,9 @@ def write_blobs(storage: CheckpointStorage, plans: list[BlobPlan], pool: Executo
             for off, piece in batch:
                 w.write_at(off, piece)
 
-        _run(pool, write, jobs)
+        run_all(pool, write, jobs)
         # fsyncs block on the device; running them in parallel lets it merge them.
-        _run(
+        run_all(
             pool,
             lambda w: w.commit(before_publish=lambda: fault_point("checkpoint.blob_tmp")),
             list(writers.values()),
@@ -106,6 +104,27 @@ def write_checkpoint(
     ``known`` is a cache of blob paths this process already made durable; it is
     updated with the blobs of this checkpoint.
     """
+    try:
+        return _write_checkpoint(storage, path, plans, tree=tree, meta=meta, versions=versions,
+                                 tags=tags, pool=pool, known=known)
+    except OSError as e:
+        # A full disk must say which checkpoint it stopped (the worker's one-line error).
+        e.segue_checkpoint = path  # type: ignore[attr-defined]
+        raise
+
+
+def _write_checkpoint(
+    storage: CheckpointStorage,
+    path: str,
+    plans: list[BlobPlan],
+    *,
+    tree: Any,
+    meta: dict[str, Any],
+    versions: dict[str, str],
+    tags: tuple[str, ...],
+    pool: Executor | None,
+    known: set[str] | None,
+) -> tuple[Manifest, WriteStats]:
     t0 = time.perf_counter()
     manifest_path = f"{path}/{MANIFEST_NAME}"
     hash_all(plans, pool)

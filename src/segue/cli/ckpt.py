@@ -2,19 +2,26 @@
 
 PATH is a local directory or an fsspec URL: a checkpoint, or a directory of them.
 This module only parses and prints. Wire it with ``ckpt.add_parser(sub)`` and
-``COMMANDS["ckpt"] = ckpt.cmd_ckpt``. Exit codes: 0 ok, 1 a checkpoint failed
-verification, 2 bad usage.
+``COMMANDS["ckpt"] = ckpt.cmd_ckpt``. PATH may also be the directory given to
+``CheckpointManager`` (its checkpoints are under ``checkpoints/``).
+
+Exit codes, as for every segue command: 0 ok; 1 a checkpoint failed verification,
+or PATH holds no checkpoint (a line on stderr says so: a check that found nothing
+to check did not pass); 2 bad usage, such as a local PATH that does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from typing import Any
 
 from ..checkpoint import catalog
 from ..checkpoint.io import list_dir_checkpoints, read_manifest
 from ..checkpoint.retention import RetentionPolicy, prune
+from ..checkpoint.storage import CheckpointStorage
 from ..errors import UsageError
 
 
@@ -41,11 +48,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     return p
 
 
+def _locate(path: str) -> tuple[CheckpointStorage, str, bool]:
+    if "://" not in path and not os.path.exists(path):
+        raise UsageError(f"{path}: no such file or directory; pass a checkpoint, a directory "
+                         "of checkpoints, or the directory given to CheckpointManager")
+    if "://" not in path and not os.path.isdir(path):
+        raise UsageError(f"{path} is a file; pass the checkpoint directory that holds it")
+    return catalog.locate(path)
+
+
+def _nothing_found(path: str) -> int:
+    print(f"segue: no checkpoint under {path} (nor under {path.rstrip('/')}/"
+          f"{catalog.MANAGER_PREFIX}); pass a checkpoint or a directory of them",
+          file=sys.stderr)
+    return 1
+
+
 def cmd_ls(a: argparse.Namespace) -> int:
-    storage, rel, is_ckpt = catalog.locate(a.path)
+    storage, rel, is_ckpt = _locate(a.path)
     rows = [catalog.summarize(storage, rel)] if is_ckpt else catalog.list_checkpoints(storage, rel)
     if a.json:
         print(json.dumps([r if isinstance(r, str) else r.__dict__ for r in rows], default=list))
+    if not rows:
+        return _nothing_found(a.path)
+    if a.json:
         return 0
     for r in rows:
         if isinstance(r, str):
@@ -58,11 +84,11 @@ def cmd_ls(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
-    storage, rel, is_ckpt = catalog.locate(a.path)
+    storage, rel, is_ckpt = _locate(a.path)
     if not is_ckpt:
         paths = list_dir_checkpoints(storage, rel)
         if not paths:
-            raise UsageError(f"no checkpoint under {a.path}; pass a checkpoint or its directory")
+            return _nothing_found(a.path)
         rel = paths[-1]
     m = read_manifest(storage, rel)
     rows = catalog.describe_tree(m)
@@ -79,8 +105,10 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
-    storage, rel, is_ckpt = catalog.locate(a.path)
+    storage, rel, is_ckpt = _locate(a.path)
     paths = [rel] if is_ckpt else list_dir_checkpoints(storage, rel)
+    if not paths:
+        return _nothing_found(a.path)
     bad = 0
     for path, detail in catalog.verify_many(storage, paths):
         print(f"ok   {path}" if detail is None else f"BAD  {path}: {detail}")
@@ -89,7 +117,7 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_prune(a: argparse.Namespace) -> int:
-    storage, rel, is_ckpt = catalog.locate(a.path)
+    storage, rel, is_ckpt = _locate(a.path)
     if is_ckpt:
         raise UsageError(f"{a.path} is one checkpoint; prune takes the directory that holds them")
     try:

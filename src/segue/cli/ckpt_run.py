@@ -8,9 +8,12 @@ import copy
 import os
 import signal
 import socket
+import sys
 from typing import Any
 
-from ..errors import UnknownRunError, UsageError
+from ..checkpoint.io import list_dir_checkpoints, verify
+from ..checkpoint.storage import LocalStorage
+from ..errors import CheckpointCorruptError, UnknownRunError, UsageError
 from ..home import Home
 from . import ckpt
 
@@ -32,7 +35,7 @@ def _run_dirs(home: Home, run_id: str) -> list[str] | None:
     except UnknownRunError:
         return None
     dirs = [home.data_dir / "runs" / run_id / t.step / "ckpt" for t in tasks]
-    return [str(d) for d in dirs if d.is_dir()]
+    return [str(d) for d in dirs if d.is_dir() and any(d.iterdir())]
 
 
 def cmd_ckpt(a: argparse.Namespace, home: Home) -> int:
@@ -44,12 +47,48 @@ def cmd_ckpt(a: argparse.Namespace, home: Home) -> int:
     if a.ckpt_cmd == "prune":
         raise UsageError("a run's checkpoints are pruned by its steps' keep_checkpoints; "
                          "pass a directory to prune by hand")
+    if a.ckpt_cmd == "verify":
+        return _verify_run(home, a.path)
+    if not dirs:
+        print(f"segue: run {a.path!r} has no checkpoint", file=sys.stderr)
+        return 1
     code = 0
     for d in dirs:
         sub = copy.copy(a)
         sub.path = d
         code = max(code, ckpt.cmd_ckpt(sub))
     return code
+
+
+def _verify_run(home: Home, run_id: str) -> int:
+    """Verify every checkpoint the store says is committed, the ones a restore would use.
+
+    The store, not the directory listing, is the truth here: a committed checkpoint
+    whose manifest is gone has no directory entry to list, yet a restore would try
+    it (and fall back past it), so it is reported as BAD.
+    """
+    store = home.open_store()
+    storage = LocalStorage(home.data_dir)
+    checked = bad = 0
+    for t in store.get_tasks(run_id):
+        committed = store.list_checkpoints(run_id, t.step)  # newest first
+        for rec in reversed(committed):
+            checked += 1
+            try:
+                verify(storage, rec.path)
+                print(f"ok   {rec.path}")
+            except CheckpointCorruptError as e:
+                bad += 1
+                print(f"BAD  {rec.path}: {e.detail} (checkpoint {rec.seq} of step {t.step!r}, "
+                      "committed in the store)")
+        known = {c.path for c in committed}
+        for path in list_dir_checkpoints(storage, f"runs/{run_id}/{t.step}/ckpt"):
+            if path not in known:  # a save killed between its manifest and its commit
+                print(f"skip {path}: not committed in the store; a restore never uses it")
+    if not checked:
+        print(f"segue: run {run_id!r} has no committed checkpoint", file=sys.stderr)
+        return 1
+    return 1 if bad else 0
 
 
 def _now(run_id: str, home: Home) -> int:

@@ -1,8 +1,17 @@
 """`segue`: a thin command line over the library API.
 
-Exit codes: 0 the run succeeded (or the command did its job), 1 the run
-failed or was cancelled, 3 the run ended paused, 2 bad usage or input (one
-line on stderr, nothing written).
+Exit codes (each error class has one; the table is in segue.errors):
+
+    0  the run succeeded, or the command did its job
+    1  the run failed or was cancelled, or the command hit an operational
+       error (store, checkpoint, data); one line on stderr says what
+    2  bad usage or input, or a command the run refuses as it is (resume a
+       succeeded run, a second controller): one line on stderr, nothing written
+    3  the run ended paused
+    4  conflict: the run changed under the command (another process moved it
+       at the same moment); the store is consistent, check `segue status`
+       and retry
+  130  interrupted by ctrl-c outside a run (while loading a flow, say)
 """
 
 from __future__ import annotations
@@ -16,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ..errors import ControllerConflictError, SegueError, UsageError
+from ..errors import SegueError, UsageError, exit_code
 from ..flow import load_flow, parse_duration, parse_overrides
 from ..flow.model import parse_memory
 from ..home import Home
@@ -25,12 +34,16 @@ from ..run.controller import Interrupts
 from ..run.options import RunOptions
 from ..run.status import run_status
 from ..scheduler.policy import parse_priority
+from ..scheduler.pricing import Prices, parse_price
 from ..states import Actor, RunState
 from . import ckpt_run, sched, verify
-from .render import RunDisplay, event_line, fmt_time, position_detail, print_json
+from . import costs as costs_view
+from . import logs as logs_cmd
+from . import output as output_cmd
+from . import prices as prices_cmd
+from .render import RunDisplay, event_line, fmt_time, position_detail, print_json, progress_text
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
-EXIT_USAGE = 2
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +55,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="segue", description="Resumable runs for long batch and AI pipelines.")
     p.add_argument("--home", help="state directory (default $SEGUE_HOME or ./.segue)")
+    p.add_argument("--pool", help="the host's device pool database, shared by every home "
+                                  "(default $SEGUE_POOL, see README)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="start a run of FLOW.py")
@@ -69,6 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show a run")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--price", action="append", default=[], metavar="KEY=USD",
+                   help="price per hour for this display, e.g. h100=9.80 (see `segue prices`)")
 
     pa = sub.add_parser("pause", help="pause a run at its next pause points")
     pa.add_argument("run")
@@ -80,7 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--detach", action="store_true")
     rs.add_argument("--allow-code-change", action="store_true")
     rs.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
-                    help="data steps: what to do when the input changed since the run began")
+                    help="data steps: what to do when the input changed since the run began "
+                         "(stored with the run)")
+    rs.add_argument("--restart-step", default=None, metavar="STEP",
+                    help="start STEP over from scratch, discarding its checkpoints and the output "
+                         "it published (needed when none of its checkpoints verifies)")
 
     sub.add_parser("cancel", help="cancel a run").add_argument("run")
     e = sub.add_parser("events", help="a run's state changes")
@@ -92,13 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     sched.add_parsers(sub)
     verify.add_parser(sub)
     ckpt_run.add_parser(sub)
+    output_cmd.add_parser(sub)
+    logs_cmd.add_parser(sub)
+    prices_cmd.add_parser(sub)
     return p
 
 
 def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> int:
     interrupts = Interrupts()
-    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit())
-    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit())
+    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit(s))
+    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit(s))  # events say SIGTERM, not ctrl-c
     with RunDisplay(store, run.run_id) as display:
         ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CLI, on_tick=display,
                                   interrupts=interrupts)
@@ -109,15 +133,11 @@ def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> i
     return EXIT.get(final, 1)
 
 
-def _input_policy(a: argparse.Namespace) -> None:
-    # Controllers and workers started from here inherit it (segue.data.run_map reads it).
-    if a.on_input_change:
-        os.environ["SEGUE_ON_INPUT_CHANGE"] = a.on_input_change
-
-
 def cmd_run(a: argparse.Namespace, home: Home) -> int:
-    _input_policy(a)
+    if a.gpus is not None and a.gpus < 0:
+        raise UsageError(f"--gpus must be 0 or more, not {a.gpus}")
     opts = RunOptions.from_env(
+        on_input_change=a.on_input_change,
         pause_deadline_s=a.pause_deadline,
         pause_on_failure=True if a.pause_on_failure else None,
         priority=None if a.priority is None else parse_priority(a.priority),
@@ -138,16 +158,19 @@ def cmd_run(a: argparse.Namespace, home: Home) -> int:
 
 
 def cmd_resume(a: argparse.Namespace, home: Home) -> int:
-    _input_policy(a)
     ops.require_home(home)
     store = home.open_store()
     run = ops.check_resumable(store, a.run)
     loaded = load_flow(run.flow_path)
     ops.check_code(run, loaded, a.allow_code_change)
     ops.check_no_live_controller(run)
+    run = ops.apply_resume_choices(store, run, restart_step=a.restart_step,
+                                   on_input_change=a.on_input_change)
     ops.clear_preemption(store, run.run_id)  # the operator resumes it now, not the scheduler
-    if a.detach:
-        print(ops.spawn_detached(home, run.run_id, allow_code_change=a.allow_code_change))
+    if a.detach:  # the same output as `run --detach`: the run id, the pid on stderr
+        pid = ops.spawn_detached(home, run.run_id, allow_code_change=a.allow_code_change)
+        print(run.run_id)
+        print(f"controller pid {pid}; follow with: segue status {run.run_id}", file=sys.stderr)
         return 0
     return _foreground(home, store, run, loaded, "resumed by the operator")
 
@@ -171,14 +194,18 @@ def cmd_pause(a: argparse.Namespace, home: Home) -> int:
 
 def cmd_status(a: argparse.Namespace, home: Home) -> int:
     ops.require_home(home)
-    doc = run_status(home.open_store(), a.run)
+    prices = Prices.resolve(home.root, dict(parse_price(p) for p in a.price))
+    doc = run_status(home.open_store(), a.run, prices, pool=costs_view.pool_or_none(),
+                     home_key=str(home.root))
     if a.json:
         print_json(doc)
         return 0
     print(f"run {doc['run_id']}  {doc['state']}  flow {doc['flow']}")
+    if doc.get("problem"):
+        print(f"  {doc['problem']}")
     for s in doc["steps"]:
         p = s["progress"]
-        prog = "-" if p["done"] is None else f"{p['done']:.0f}/{p['total'] or '?'}"
+        prog = progress_text(p["done"], p["total"], p.get("unit"))
         ck = s["last_checkpoint"]
         ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
         if ck and (detail := position_detail(ck["position"])):
@@ -191,25 +218,28 @@ def cmd_status(a: argparse.Namespace, home: Home) -> int:
         if s["waiting_for"]:
             line += f"  ({s['waiting_for']})"
         print(line)
-    acct = doc["accounting"]
-    print(f"  device-s {acct['device_seconds']:.1f}  paused {acct['paused_seconds']:.1f}s  "
-          f"checkpoints {acct['checkpoint_bytes'] / 2**20:.1f} MiB  redone {acct['work_redone_seconds']:.1f}s  "
-          f"saved by resuming {acct['seconds_saved_by_resume']:.1f}s "
-          f"({acct['device_seconds_saved_by_resume']:.1f} device-s)  preemptions {acct['preemptions']}")
+        for fl in costs_view.failure_lines(doc["run_id"], s):
+            print(fl)
+    for line in costs_view.accounting_lines(doc["accounting"]):
+        print(line)
     return 0
 
 
 def cmd_ls(a: argparse.Namespace, home: Home) -> int:
     if not home.exists():
         runs: list[Any] = []
+        shown: dict[str, str] = {}
     else:
-        runs = home.open_store().list_runs()
+        store = home.open_store()
+        runs = store.list_runs()
+        shown = sched.display_states(store, runs)  # WAITING (priority) for a run without a device
     if a.json:
-        print_json([{"run_id": r.run_id, "state": r.state.value, "flow": r.flow_name,
+        print_json([{"run_id": r.run_id, "state": r.state.value, "shown": shown[r.run_id],
+                     "priority": r.options.get("priority", 100), "flow": r.flow_name,
                      "created_at": r.created_at, "updated_at": r.updated_at} for r in runs])
         return 0
     for r in runs:
-        print(f"{r.run_id:<40} {r.state.value:<10} {r.flow_name:<16} {fmt_time(r.created_at)}")
+        print(f"{r.run_id:<40} {shown[r.run_id]:<16} {r.flow_name:<16} {fmt_time(r.created_at)}")
     return 0
 
 
@@ -249,23 +279,31 @@ def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
 
 COMMANDS = {
     "queue": sched.cmd_queue, "pool": sched.cmd_pool, "verify": verify.cmd_verify,
-    "ckpt": ckpt_run.cmd_ckpt,
+    "ckpt": ckpt_run.cmd_ckpt, "output": output_cmd.cmd_output, "logs": logs_cmd.cmd_logs,
+    "prices": prices_cmd.cmd_prices,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
 }
+
+
+def one_line(message: str) -> str:
+    """Errors print as one line, whatever a message embeds (a path with a newline...)."""
+    return " ".join(message.split("\n")).strip() or "unknown error"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         a = build_parser().parse_args(argv)
         home = Home.resolve(a.home)
+        if a.pool:  # controllers, workers and verify sandboxes started from here inherit it
+            os.environ["SEGUE_POOL"] = os.path.abspath(os.path.expanduser(a.pool))
         code = COMMANDS[a.cmd](a, home)
-    except (UsageError, ControllerConflictError) as exc:
-        print(f"segue: {exc}", file=sys.stderr)
-        code = EXIT_USAGE
-    except SegueError as exc:
-        print(f"segue: {exc}", file=sys.stderr)
-        code = 1
+    except SegueError as exc:  # the exit code is the class's (table in segue.errors)
+        print(f"segue: {one_line(str(exc))}", file=sys.stderr)
+        code = exit_code(exc)
+    except KeyboardInterrupt:  # ctrl-c outside a run's own handler (loading a flow, waiting)
+        print("segue: interrupted; the run, if any, is as `segue status` shows", file=sys.stderr)
+        code = 130
     except BrokenPipeError:  # `segue ls | head`: the reader left; that is fine
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = 0

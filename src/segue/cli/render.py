@@ -21,6 +21,38 @@ def fmt_time(t: float | None) -> str:
     return dt.datetime.fromtimestamp(t).strftime("%H:%M:%S.%f")[:-3]
 
 
+def human_bytes(n: float) -> str:
+    """1234567 -> '1.2 MB' (decimal units, as disks and transfer rates count)."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} PB"  # unreachable; keeps type checkers content
+
+
+def _count(v: float) -> str:
+    return f"{v:,.0f}" if float(v).is_integer() else f"{v:,.2f}"
+
+
+def progress_text(done: float | None, total: float | None, unit: str | None = None) -> str:
+    """'2.1 MB / 7.7 MB (28%)', '2,164,232 / 7,748,446 records (28%)' or '150 / 300 (50%)'.
+
+    ``unit`` is what a data step counts (its checkpoint position says bytes or
+    records); a plain step's ``ctx.progress`` has no unit, so none is shown.
+    """
+    if done is None:
+        return "-"
+    if unit == "bytes":
+        text = human_bytes(done) if total is None else f"{human_bytes(done)} / {human_bytes(total)}"
+    else:
+        text = _count(done) if total is None else f"{_count(done)} / {_count(total)}"
+        if unit:
+            text += f" {unit}"
+    if total:
+        text += f" ({min(100.0, 100.0 * done / total):.0f}%)"
+    return text
+
+
 def event_line(e: Event) -> str:
     who = f"{e.step}: " if e.step else ""
     move = f"{e.from_state or ''} -> {e.to_state} ".lstrip() if e.to_state else ""
@@ -54,17 +86,29 @@ def latest_positions(store: Store, run_id: str) -> dict[str, str]:
     return {k: v for k, (_, v) in out.items()}
 
 
-def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] | None = None) -> Table:
+def latest_units(store: Store, run_id: str) -> dict[str, str]:
+    """What each data step's progress counts (bytes or records), from its last checkpoint."""
+    out: dict[str, tuple[int, str]] = {}
+    for c in store.list_checkpoints(run_id):
+        unit = c.position.get("unit") if isinstance(c.position, dict) else None
+        if isinstance(unit, str) and (c.step not in out or c.seq > out[c.step][0]):
+            out[c.step] = (c.seq, unit)
+    return {k: v for k, (_, v) in out.items()}
+
+
+def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] | None = None,
+               units: dict[str, str] | None = None) -> Table:
     table = Table(title=f"run {run.run_id}  [bold]{run.state.value}[/bold]", expand=False)
     for col in ("step", "state", "progress", "done/total", "attempts", "pid", "last checkpoint"):
         table.add_column(col)
     for t in tasks:
         done, total = t.progress_done, t.progress_total
+        unit = (units or {}).get(t.step)
         if total:
             bar: Any = ProgressBar(total=total, completed=min(done or 0, total), width=24)
-            frac = f"{done or 0:.0f}/{total:.0f}"
+            frac = progress_text(done or 0, total, unit)
         else:
-            bar, frac = "", "-" if done is None else f"{done:.0f}"
+            bar, frac = "", progress_text(done, None, unit)
         table.add_row(t.step, t.state.value, bar, frac, str(t.attempts),
                       str(t.pid) if t.pid else "-", (details or {}).get(t.step, "-"))
     return table
@@ -92,7 +136,8 @@ class RunDisplay:
         if self.live is not None:
             # The last frame shows where the run ended, not the last throttled tick.
             self.live.update(task_table(self.store.get_run(self.run_id), self.store.get_tasks(self.run_id),
-                                        latest_positions(self.store, self.run_id)))
+                                        latest_positions(self.store, self.run_id),
+                                        latest_units(self.store, self.run_id)))
             self.live.__exit__(None, None, None)
 
     def flush_events(self) -> None:
@@ -110,7 +155,8 @@ class RunDisplay:
         self.last_draw = now
         self.flush_events()
         if self.live is not None:
-            self.live.update(task_table(run, tasks, latest_positions(self.store, self.run_id)))
+            self.live.update(task_table(run, tasks, latest_positions(self.store, self.run_id),
+                                        latest_units(self.store, self.run_id)))
 
 
 def print_json(obj: Any) -> None:

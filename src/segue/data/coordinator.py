@@ -19,7 +19,7 @@ import pickle
 from typing import Any
 
 from ..run.context import Park
-from .driver import STATE_VERSION, STATS, Limits, MapRun
+from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
 from .pool import LocalProcessPool, SubWorkerLost, SubWorkerPool
 from .sinks.base import Scope, Sink
 from .sources.base import Shard, Source
@@ -81,7 +81,8 @@ class ParallelMapRun(MapRun):
                 f"sinks, or declare the step with @flow.map(..., workers={self.n})"
             ) from None
         c = self.ctx
-        return Recipe(c.run_id, c.step, c.epoch, self.read_batch, dict(c.params), pickled=blob)
+        return Recipe(c.run_id, c.step, c.epoch, self.read_batch, dict(c.params), pickled=blob,
+                      home=home_dir(c))
 
     # -- recovery ---------------------------------------------------------------
     def _restore(self) -> dict[str, Any] | None:
@@ -120,6 +121,11 @@ class ParallelMapRun(MapRun):
         if state is not None and state.get("done"):
             self._finish_committed()
             return self.summary()
+        # Ownership refusals surface here as themselves (not retryable), not as a
+        # lost sub-worker: each sub-worker's open() would refuse the same way.
+        c = self.ctx
+        self.sink.preflight(c.run_id, c.step)
+        self.dead.preflight(c.run_id, c.step)
         try:
             self.pool.start(self.n, self.recipe)
             for i in range(self.n):

@@ -57,9 +57,29 @@ class Limits:
     min_records: int = 1000
 
 
-def default_dead_letter(run_id: str, step: str) -> JsonlSink:
-    home = os.environ.get("SEGUE_HOME", ".segue")
+def home_dir(ctx: Any) -> str:
+    """The run's home directory, as the step context knows it.
+
+    A real StepContext carries the home the worker was started with (``segue
+    --home X`` included), so dead letters land there whatever the working
+    directory. Only a bare test double without one falls back to the default
+    resolution ($SEGUE_HOME, else ./.segue).
+    """
+    home = getattr(ctx, "home", None)
+    if home is None:
+        return os.path.abspath(os.environ.get("SEGUE_HOME", ".segue"))
+    return os.fspath(getattr(home, "root", home))
+
+
+def default_dead_letter(home: str, run_id: str, step: str) -> JsonlSink:
+    """``HOME/dead-letter/RUN/STEP`` (dead-*.jsonl parts); ``home`` from :func:`home_dir`."""
     return JsonlSink(os.path.join(home, "dead-letter", run_id, step), prefix="dead-")
+
+
+def input_policy(ctx: Any) -> str:
+    """The run's stored ``on_input_change`` option (segue.run.options); ``fail`` if none."""
+    options = getattr(ctx, "options", None) or {}
+    return str(options.get("on_input_change", "fail"))
 
 
 class _Unit:
@@ -327,10 +347,10 @@ def run_map(
     which fn is true), ``flat_map`` (fn returns an iterable), ``map_batches``
     (fn takes and returns a list; batches of ``batch_size`` records or about
     ``batch_bytes`` input bytes). Records whose fn raises go to
-    ``dead_letter`` (default: JSONL under $SEGUE_HOME/dead-letter/RUN/STEP)
+    ``dead_letter`` (default: JSONL under HOME/dead-letter/RUN/STEP, HOME the run's home)
     until the limits are passed, then DeadLetterThresholdError.
-    ``on_input_change``: ``fail``, ``pin`` or ``include-new``; by default what the
-    operator chose with ``segue run/resume --on-input-change`` (``fail`` if nothing).
+    ``on_input_change``: ``fail``, ``pin`` or ``include-new``; by default the run's
+    stored option, set with ``segue run/resume --on-input-change`` (``fail`` if nothing).
     ``workers``: with N > 1 this process coordinates N sub-worker processes
     over the shards, rebalancing the tail by splitting a lagging shard's
     remainder when it holds more than ``min_split`` units (records or bytes,
@@ -342,12 +362,13 @@ def run_map(
     Returns counters.
     """
     if on_input_change is None:
-        on_input_change = os.environ.get("SEGUE_ON_INPUT_CHANGE", "fail")
+        on_input_change = input_policy(ctx)
     op = fn if isinstance(fn, Operator) else operator(kind, fn, batch_size=batch_size,
                                                       batch_bytes=batch_bytes)
     if on_input_change not in ("fail", "pin", "include-new"):
         raise ValueError(f"on_input_change must be 'fail', 'pin' or 'include-new', not {on_input_change!r}")
-    dead = dead_letter if dead_letter is not None else default_dead_letter(ctx.run_id, ctx.step)
+    dead = dead_letter if dead_letter is not None else default_dead_letter(home_dir(ctx), ctx.run_id,
+                                                                           ctx.step)
     limits = Limits(max_failures, max_failure_rate, min_records_for_rate)
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ValueError(f"workers must be an int >= 1, not {workers!r}")

@@ -40,7 +40,7 @@ class MapStep:
         return src, op, snk, dead
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        from .driver import READ_BATCH, effective_read_batch, run_map
+        from .driver import READ_BATCH, effective_read_batch, home_dir, run_map
         from .subworker import Recipe
 
         src, op, snk, dead = self.build(ctx)
@@ -49,6 +49,6 @@ class MapStep:
             # load_flow compiles the file under its resolved path: that is co_filename.
             path = os.path.abspath(self.fn.__code__.co_filename)
             recipe = Recipe(ctx.run_id, ctx.step, ctx.epoch, effective_read_batch(op, READ_BATCH),
-                            dict(ctx.params), flow_path=path)
+                            dict(ctx.params), flow_path=path, home=home_dir(ctx))
         return run_map(ctx, src, op, snk, dead_letter=dead, max_failures=self.max_failures,
                        max_failure_rate=self.max_failure_rate, workers=self.workers, recipe=recipe)

@@ -44,6 +44,7 @@ class Recipe:
     params: dict[str, Any] = field(default_factory=dict)
     flow_path: str | None = None
     pickled: bytes | None = None
+    home: str = ".segue"  # the run's home: where the default dead letters go
 
     def build(self) -> tuple[Any, Any, Any, Any]:
         if self.pickled is not None:
@@ -59,7 +60,7 @@ class Recipe:
                 raise ValueError(f"step {self.step!r} of {self.flow_path} is not a @flow.map step")
             source, op, sink, dead = decl.build(_RebuildContext(self))
         if dead is None:
-            dead = default_dead_letter(self.run_id, self.step)
+            dead = default_dead_letter(self.home, self.run_id, self.step)
         return source, op, sink, dead
 
 
@@ -69,6 +70,7 @@ class _RebuildContext:
     def __init__(self, r: Recipe) -> None:
         self.run_id, self.step, self.epoch, self.attempt = r.run_id, r.step, r.epoch, r.epoch
         self.params = dict(r.params)
+        self.home = r.home
 
 
 def _die_with_parent(parent_pid: int) -> None:

@@ -46,11 +46,17 @@ def load_flow(path: str | Path) -> LoadedFlow:
     if not p.is_file():
         raise FlowError(f"flow file {str(p)!r} does not exist; pass the path of a .py file that defines a Flow")
     p = p.resolve()
-    source = p.read_bytes()
+    try:
+        source = p.read_bytes()
+    except OSError as exc:
+        raise FlowError(f"flow file {str(path)!r} cannot be read ({exc.strerror}); "
+                        f"check its permissions") from None
     try:
         compile(source, str(p), "exec")
     except SyntaxError as exc:
         raise FlowError(f"flow file {str(path)!r} line {exc.lineno}: {exc.msg}; fix the syntax and retry") from None
+    except ValueError as exc:  # e.g. null bytes, on Pythons that do not call it a SyntaxError
+        raise FlowError(f"flow file {str(path)!r} is not Python source ({exc}); pass a .py file") from None
     mod_name = "segue_flow_" + hashlib.sha256(str(p).encode()).hexdigest()[:12]
     spec = importlib.util.spec_from_file_location(mod_name, p)
     if spec is None or spec.loader is None:
@@ -64,6 +70,14 @@ def load_flow(path: str | Path) -> LoadedFlow:
         spec.loader.exec_module(module)
     except FlowError:
         raise
+    except SystemExit as exc:
+        # A script that exits on import would otherwise end `segue run` with
+        # its code (often 0) having run nothing.
+        where = traceback.extract_tb(exc.__traceback__)[-1]
+        raise FlowError(
+            f"flow file {str(path)!r} called sys.exit({exc.code!r}) at line {where.lineno} while "
+            f"segue loaded it; put script code under `if __name__ == '__main__':`"
+        ) from None
     except Exception as exc:
         where = traceback.extract_tb(exc.__traceback__)[-1]
         raise FlowError(

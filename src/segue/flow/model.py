@@ -18,6 +18,7 @@ from __future__ import annotations
 import builtins
 import functools
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -43,8 +44,8 @@ def parse_duration(value: str | float | int, what: str) -> float:
         if not m:
             raise FlowError(f"{what} must be a duration such as '500ms', '30s' or '5m', not {value!r}")
         seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds <= 0:
-        raise FlowError(f"{what} must be positive, not {value!r}")
+    if not seconds > 0 or not math.isfinite(seconds):  # nan compares false to everything
+        raise FlowError(f"{what} must be a positive finite duration, not {value!r}")
     return seconds
 
 
@@ -53,6 +54,8 @@ def parse_memory(value: str | int | None, what: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
+        if value < 0:
+            raise FlowError(f"{what} must be a size such as '512MB' or '40GB', not {value!r}")
         return value
     m = _MEM.match(str(value))
     if not m:
@@ -60,6 +63,28 @@ def parse_memory(value: str | int | None, what: str) -> int | None:
     unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
     scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
     return int(float(m.group(1)) * scale)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_map_options(*, source: Any, sink: Any, batch_size: Any, batch_bytes: Any,
+                       max_failures: Any, max_failure_rate: Any, workers: Any) -> None:
+    """Refuse a bad ``@flow.map`` declaration when the flow loads, not when the step runs."""
+    if source is None or sink is None:
+        raise FlowError("flow.map needs a source= and a sink= (segue.data objects or functions of ctx)")
+    if not _is_int(workers) or workers < 1:
+        raise FlowError(f"flow.map: workers must be an int >= 1, not {workers!r}")
+    for what, v in (("batch_size", batch_size), ("batch_bytes", batch_bytes)):
+        if v is not None and (not _is_int(v) or v < 1):
+            raise FlowError(f"flow.map: {what} must be an int >= 1 or None, not {v!r}")
+    if max_failures is not None and (not _is_int(max_failures) or max_failures < 0):
+        raise FlowError(f"flow.map: max_failures must be an int >= 0 or None, not {max_failures!r}")
+    rate = max_failure_rate
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)
+                             or not 0.0 <= rate <= 1.0):
+        raise FlowError(f"flow.map: max_failure_rate must be a number from 0 to 1 or None, not {rate!r}")
 
 
 @dataclass(frozen=True)
@@ -160,10 +185,13 @@ class Flow:
                 raise FlowError(f"flow {self.name!r} declares step {name!r} twice; rename one")
             if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
                 raise FlowError(f"step {name!r}: retries must be a non-negative int, not {retries!r}")
-            if cpus <= 0 or gpus < 0:
-                raise FlowError(f"step {name!r}: cpus must be > 0 and gpus >= 0")
+            if (isinstance(cpus, bool) or not isinstance(cpus, int | float) or not cpus > 0
+                    or not math.isfinite(cpus)):
+                raise FlowError(f"step {name!r}: cpus must be a number > 0, not {cpus!r}")
+            if not _is_int(gpus) or gpus < 0:
+                raise FlowError(f"step {name!r}: gpus must be an int >= 0, not {gpus!r}")
             every_steps = checkpoint_every_steps
-            if every_steps is not None and (not isinstance(every_steps, int) or every_steps <= 0):
+            if every_steps is not None and (not _is_int(every_steps) or every_steps <= 0):
                 raise FlowError(f"step {name!r}: checkpoint_every_steps must be a positive int")
             auto = checkpoint_every == "auto"
             every_s = (
@@ -171,7 +199,7 @@ class Flow:
                 if checkpoint_every is not None and not auto
                 else None
             )
-            if not isinstance(keep_checkpoints, int) or keep_checkpoints < 1:
+            if not _is_int(keep_checkpoints) or keep_checkpoints < 1:
                 raise FlowError(f"step {name!r}: keep_checkpoints must be an int >= 1")
             ups = tuple(a if isinstance(a, str) else a.__name__ for a in after)
             self.steps[name] = StepSpec(
@@ -219,6 +247,10 @@ class Flow:
         are those of :meth:`step` (after, retries, checkpoint_every...). The
         step's output is the run's counters. See docs/data.md.
         """
+
+        _check_map_options(source=source, sink=sink, batch_size=batch_size, batch_bytes=batch_bytes,
+                           max_failures=max_failures, max_failure_rate=max_failure_rate,
+                           workers=workers)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             from ..data.mapstep import MapStep

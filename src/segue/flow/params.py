@@ -6,14 +6,36 @@ Validation happens before anything is written, so a bad value costs nothing.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from .._canon import canonical_json
 from ..errors import ParamError
 from .model import Param
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
+
+
+def _no_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not a finite number")  # json.loads accepts NaN and Infinity
+
+
+def check_storable(name: str, value: Any) -> Any:
+    """A parameter is stored as canonical JSON: finite numbers, valid text, plain containers.
+
+    Checked before anything is written, so ``nan`` or ``inf`` is bad input
+    (exit 2), not a failure of the store after the home was created.
+    """
+    try:
+        canonical_json(value).encode("utf-8")
+    except (ValueError, TypeError, UnicodeError, RecursionError):
+        raise ParamError(
+            f"parameter {name!r} = {value!r} cannot be stored; use finite numbers, text, and "
+            f"lists or dicts of them (no nan, inf or undecodable bytes)"
+        ) from None
+    return value
 
 
 def _convert(name: str, kind: type, raw: str) -> Any:
@@ -28,14 +50,20 @@ def _convert(name: str, kind: type, raw: str) -> Any:
         if kind is int:
             return int(raw)
         if kind is float:
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ParamError(
+                    f"parameter {name!r} must be a finite float, got {raw!r}; pass a number such "
+                    f"as --param {name}=0.5"
+                )
+            return value
         if kind is str:
             return raw
-        value = json.loads(raw)
+        value = json.loads(raw, parse_constant=_no_constant)
         if not isinstance(value, kind):
             raise ValueError
         return value
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ParamError(
             f"parameter {name!r} expects {kind.__name__}, got {raw!r}; pass --param {name}=<{kind.__name__}>"
         ) from None
@@ -73,4 +101,6 @@ def resolve(declared: Mapping[str, Param], overrides: Mapping[str, Any]) -> dict
             raise ParamError(f"parameter {name!r} expects {kind.__name__}, got {raw!r}")
         else:
             values[name] = raw
+    for name, value in values.items():
+        check_storable(name, value)
     return values

@@ -19,12 +19,13 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from ..checkpoint.interval import IntervalPolicy
-from ..errors import CheckpointCorruptError, NoValidCheckpointError
+from ..errors import CheckpointCorruptError
 from ..flow.model import StepSpec
-from ..home import checkpoint_path
+from ..home import Home, checkpoint_path
 from ..states import Actor
 from ..store.base import Store
 from . import rng
+from .restart import no_valid_checkpoint, restart_floor
 
 log = logging.getLogger("segue.step")
 
@@ -93,8 +94,15 @@ class StepContext:
         load_input: Callable[[str], Any],
         code_fingerprint: str,
         previous_progress: tuple[float | None, float | None] | None = None,
+        home: Home | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
+        # The run's home (where its default dead letters go) and its stored
+        # options (RunOptions.to_json()): a step reads what the run was created
+        # or resumed with, never the environment of whichever process started it.
+        self.home = home
+        self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
         self.step = spec.name
         self.spec = spec
         self.params = MappingProxyType(dict(params))
@@ -141,7 +149,8 @@ class StepContext:
         True when a pause or a checkpoint was requested, or when the step's
         interval (``checkpoint_every`` seconds, ``"auto"`` or
         ``checkpoint_every_steps``) has elapsed. ``steps`` is the step's own
-        counter (iterations, records...).
+        counter (iterations, records...); ``checkpoint_every_steps=N`` is due at
+        steps N, 2N, ... (the step restored from counts as covered).
         """
         if self._flags.pause_requested or self._flags.checkpoint_requested:
             return True
@@ -172,45 +181,56 @@ class StepContext:
         )
         if everything:
             self._next_seq = max(c.seq for c in everything) + 1
-        committed = [c for c in everything if c.status == "committed"]
+        # Every checkpoint committed since the last --restart-step, whatever its
+        # status now: a step that ever committed must never start from scratch
+        # by itself, even after all of them were quarantined (or pruned).
+        floor = restart_floor(self._store, self.run_id, self.step)
+        history = [c for c in everything if c.seq > floor]
+        committed = [c for c in history if c.status == "committed"]
         self._restored = True
-        bad: list[str] = []
+        bad: list[tuple[int, str, CheckpointCorruptError, str]] = []
         for rec in committed:  # newest first
             try:
                 loaded = ckpt.load(self._storage, rec.path, allow_pickle=self.spec.allow_pickle)
             except CheckpointCorruptError as exc:
-                bad.append(f"{rec.seq}: {exc.detail}")
-                self._quarantine(rec.seq, rec.path, exc)
+                bad.append((rec.seq, rec.path, exc, self._quarantine(rec.seq, rec.path, exc)))
                 continue
+            self._warn_bad(bad, f"using checkpoint {rec.seq} at {rec.path}", rec.seq, rec.path)
             payload = loaded.state
             rng.restore(payload.get("rng", {}))
             self._interval.mark(None)
             return payload["state"]
         if committed:
-            raise NoValidCheckpointError(
-                f"step {self.step!r} of run {self.run_id!r}: none of its {len(committed)} committed "
-                f"checkpoints verifies ({'; '.join(bad)}); they were moved to quarantine/ and the step "
-                f"will not start from scratch on its own; `segue resume {self.run_id}` starts it over"
-            )
+            self._warn_bad(bad, "no earlier checkpoint verifies", None, None)
+        if history:
+            details = "; ".join(f"{seq}: {exc.detail}" for seq, _, exc, _ in bad)
+            raise no_valid_checkpoint(self.run_id, self.step, len(history),
+                                      details or "all were quarantined earlier")
         return None
 
-    def _quarantine(self, seq: int, path: str, exc: CheckpointCorruptError) -> None:
+    def _quarantine(self, seq: int, path: str, exc: CheckpointCorruptError) -> str:
+        """Move a bad checkpoint aside and mark it quarantined; returns where it went."""
         try:
             where = ckpt.quarantine(self._storage, path, str(exc))
         except FileNotFoundError:
-            where = "(files missing)"
+            where = "(nowhere: its files are missing)"
         self._store.set_checkpoint_status(
             self.run_id, self.step, seq, "quarantined", actor=Actor.WORKER, reason=str(exc)
         )
-        self._store.append_event(
-            self.run_id,
-            "warning",
-            actor=Actor.WORKER,
-            step=self.step,
-            reason=f"{exc}; using the previous checkpoint; the bad one was moved to {where}",
-            data={"seq": seq, "path": path, "quarantine": where},
-        )
-        warnings.warn(f"{exc}; moved to {where}", RuntimeWarning, stacklevel=3)
+        return where
+
+    def _warn_bad(self, bad: list[tuple[int, str, CheckpointCorruptError, str]], using: str,
+                  used_seq: int | None, used_path: str | None) -> None:
+        """One warning event per bad checkpoint, naming the checkpoint used instead."""
+        for seq, path, exc, where in bad:
+            reason = (f"checkpoint {seq} of step {self.step!r} failed verification "
+                      f"({exc.detail}); {using}; the bad one was moved to {where}")
+            self._store.append_event(
+                self.run_id, "warning", actor=Actor.WORKER, step=self.step, reason=reason,
+                data={"seq": seq, "path": path, "quarantine": where,
+                      "used_seq": used_seq, "used_path": used_path},
+            )
+            warnings.warn(reason, RuntimeWarning, stacklevel=3)
 
     def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
         """Commit ``state``; then park if a pause was requested.

@@ -10,22 +10,27 @@ dies, ``segue resume`` builds a new one from the store.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .. import _faults
-from ..errors import FencedError
+from ..errors import FencedError, StoreError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..flow.model import StepSpec
 from ..home import Home
 from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
-from ..store.base import RunRecord, Store, TaskRecord
+from ..store.base import Clock, RunRecord, Store, TaskRecord, now
+from ..store.hostpool import open_pool
+from .logs import attempt_log_path, record_failure
 from .options import RunOptions
+from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
 from .procs import pid_alive
 from .recovery import describe_exit, reclaim_orphan
 from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
@@ -33,6 +38,8 @@ from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 log = logging.getLogger("segue.controller")
 
 TICK_S = 0.05
+STORE_WAIT_S = 600.0
+"""How long a controller keeps retrying a store it cannot write before it gives up."""
 
 
 @dataclass
@@ -44,6 +51,7 @@ class _Attempt:
     started_wall: float
     pause_signalled: bool = False
     killed_for: str | None = None  # "pause-deadline" | "lease" | "stop" | "cancel"
+    outcome: str | None = None  # recorded in the store; set once, so a retried reap skips it
 
 
 @dataclass
@@ -53,8 +61,11 @@ class Interrupts:
     pause: bool = False
     stop_now: bool = False
     count: int = 0
+    source: str = "ctrl-c"  # what the events name: ctrl-c (SIGINT) or the signal, e.g. SIGTERM
 
-    def hit(self) -> None:
+    def hit(self, signum: int | None = None) -> None:
+        if signum is not None and signum != signal.SIGINT:
+            self.source = signal.Signals(signum).name
         self.count += 1
         if self.count == 1:
             self.pause = True
@@ -73,6 +84,12 @@ class Controller:
     actor: Actor = Actor.CLI
     on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None
     interrupts: Interrupts = field(default_factory=Interrupts)
+    # How long to keep retrying an unwritable store; SEGUE_STORE_WAIT_S overrides it.
+    store_wait_s: float = field(
+        default_factory=lambda: float(os.environ.get("SEGUE_STORE_WAIT_S", STORE_WAIT_S)))
+    # Wall clock for lease expiry and retry deadlines, the same one the store
+    # stamps leases with (time is a dependency: tests advance a virtual one).
+    clock: Clock = now
 
     def __post_init__(self) -> None:
         _faults.set_role("controller")
@@ -82,10 +99,11 @@ class Controller:
         self.attempts: dict[str, _Attempt] = {}
         self._pause_t0: float | None = None
         self._failure_pause_sent = False
+        self._disk_full: str | None = None  # an attempt's disk-full error: the run pauses
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
         self.sched = RunScheduler(
-            store=self.store,  # type: ignore[arg-type]  # SQLiteStore implements both contracts
+            store=self.store, pool=open_pool(), home=str(self.home.root),  # the pool: host-wide
             run_id=self.run_id, steps=self.steps, host=self.host,
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
@@ -93,14 +111,28 @@ class Controller:
             spawn=self._spawn_controller,
         )
 
-    def _spawn_controller(self, run_id: str) -> None:
+    def _spawn_controller(self, home: str, run_id: str) -> None:
         from .ops import spawn_detached  # ops builds on this module
 
-        spawn_detached(self.home, run_id)
+        spawn_detached(Home.resolve(home), run_id)
 
     # -- ownership -----------------------------------------------------------
     def acquire(self) -> None:
         """Take the controller lease; steal it only from a provably dead local holder."""
+        with self._one_line_store_errors():
+            self._acquire()
+
+    @contextlib.contextmanager
+    def _one_line_store_errors(self) -> Iterator[None]:
+        # Before the loop owns anything, an unwritable store is the operator's to fix.
+        try:
+            yield
+        except Exception as exc:
+            if not store_unwritable(exc):
+                raise
+            raise StoreError(describe_store_failure(exc, self.home.db_path, self.run_id)) from exc
+
+    def _acquire(self) -> None:
         run = self.store.get_run(self.run_id)
         self._prev_host = run.controller_host  # where the previous controller ran its workers
         steal = (
@@ -120,6 +152,10 @@ class Controller:
     # -- start / resume --------------------------------------------------------
     def prepare(self, reason: str, actor: Actor | None = None) -> None:
         """Make the stored run runnable: adopt orphans, requeue parked and failed tasks."""
+        with self._one_line_store_errors():
+            self._prepare(reason, actor)
+
+    def _prepare(self, reason: str, actor: Actor | None) -> None:
         run = self.store.get_run(self.run_id)
         prev_host = self._prev_host
         if run.state == RunState.PAUSED and self.sched.preempted() and actor is None:
@@ -146,23 +182,128 @@ class Controller:
     def drive(self) -> RunState:
         try:
             while True:
-                run = self._renew_or_read()
-                if run is None:
-                    return self.store.get_run(self.run_id).state
-                tasks = self.store.get_tasks(self.run_id)
-                if self._reap(tasks):  # an exit changed the stored state: read it again
-                    tasks = self.store.get_tasks(self.run_id)
-                    run = self.store.get_run(self.run_id)
-                final = self._step(run, tasks)
-                if self.on_tick is not None:  # the display lags a tick; its last frame re-reads
-                    self.on_tick(run, tasks)
+                try:
+                    final = self._tick()
+                except Exception as exc:
+                    if not store_unwritable(exc):
+                        raise
+                    final = self._ride_out_outage(exc)
                 if final is not None:
                     return final
                 time.sleep(TICK_S)
         finally:
-            self._kill_all("stop")
-            self.store.drop_request(self.run_id)  # type: ignore[attr-defined]
-            self.release()
+            self._shutdown()
+
+    def _tick(self) -> RunState | None:
+        run = self._renew_or_read()
+        if run is None:
+            return self.store.get_run(self.run_id).state
+        # Preemption requests from any home arrive through the host pool.
+        if self.sched.tick(self.epoch, {s: a.epoch for s, a in self.attempts.items()}):
+            run = self.store.get_run(self.run_id)
+        tasks = self.store.get_tasks(self.run_id)
+        if self._reap(tasks):  # an exit changed the stored state: read it again
+            tasks = self.store.get_tasks(self.run_id)
+            run = self.store.get_run(self.run_id)
+        final = self._step(run, tasks)
+        if self.on_tick is not None:  # the display lags a tick; its last frame re-reads
+            self.on_tick(run, tasks)
+        return final
+
+    def _shutdown(self) -> None:
+        # Runs on every way out. A store that cannot be written must not turn the
+        # way out into a traceback that hides the real outcome: the attempts are
+        # killed first (no store needed), and an unreleased lease expires by itself.
+        steps: list[tuple[str, Callable[[], object]]] = [
+            ("stop its attempts", lambda: self._kill_all("stop")),
+            ("close its scheduler", self.sched.close),
+            ("release its lease", self.release),
+        ]
+        for what, fn in steps:
+            try:
+                fn()
+            except Exception as exc:
+                if not store_unwritable(exc):
+                    raise
+                log.warning("controller of run %s could not %s: %s", self.run_id, what, exc)
+
+    # -- the metadata store cannot be written ------------------------------------
+    def _ride_out_outage(self, exc: BaseException) -> RunState | None:
+        """Retry; if the store stays unwritable, stop the attempts and record a pause.
+
+        None: a retried tick got through, carry on. Otherwise the state recorded.
+        Raises StoreError only after ``store_wait_s`` without one successful write;
+        the run is then RUNNING with no controller, which ``segue status`` reports.
+        """
+        t0 = time.monotonic()
+        delay = TICK_S
+        log.warning("run %s: the metadata store cannot be written (%s); retrying",
+                    self.run_id, exc)
+        # A brief outage (a busy lock, a disk freed in time): ride it out, attempts
+        # alive. The probe is a write (renewing our lease): most ticks only read,
+        # and a tick that got through would say nothing about the next write.
+        while time.monotonic() - t0 < self.options.lease_ttl_s:
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            try:
+                self.store.renew_controller(self.run_id, self.epoch, self.options.lease_ttl_s)
+                self._next_renew = time.monotonic() + self.options.lease_ttl_s / 4
+                log.warning("run %s: the metadata store takes writes again", self.run_id)
+                return None
+            except FencedError:
+                log.warning("another controller took over run %s; this one stops", self.run_id)
+                self.epoch = 0
+                return self.store.get_run(self.run_id).state
+            except Exception as e:
+                if not store_unwritable(e):
+                    raise
+                exc = e
+        reason = describe_store_failure(exc, self.home.db_path, self.run_id)
+        # The attempts cannot commit a checkpoint now, so their work since the last
+        # one is lost anyway; stopped, they resume from it.
+        log.warning("run %s: %s; stopping its attempts; the run pauses as soon as the store "
+                    "can be written", self.run_id, reason)
+        for a in self.attempts.values():
+            a.killed_for = a.killed_for or "stop"
+            a.handle.kill()
+        while True:
+            try:
+                return self._record_outage(reason)
+            except FencedError:
+                log.warning("another controller took over run %s; this one stops", self.run_id)
+                self.epoch = 0
+                return self.store.get_run(self.run_id).state
+            except Exception as e:
+                if not store_unwritable(e):
+                    raise
+            waited = time.monotonic() - t0
+            if waited > self.store_wait_s:
+                raise StoreError(
+                    f"{reason}; gave up after {waited:.0f}s: run {self.run_id} is left RUNNING "
+                    "with no controller (`segue status` says so)"
+                ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _record_outage(self, reason: str) -> RunState:
+        deadline = time.monotonic() + 10  # they were SIGKILLed: this is quick
+        while any(a.handle.poll() is None for a in self.attempts.values()):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.01)
+        self._reap(self.store.get_tasks(self.run_id))
+        run = self.store.get_run(self.run_id)
+        if run.state not in (RunState.RUNNING, RunState.PAUSING):
+            return run.state
+        for t in self.store.get_tasks(self.run_id):
+            if t.state == TaskState.RETRYING:
+                self.store.transition_task(self.run_id, t.step, TaskState.PARKED, actor=self.actor,
+                                           reason="paused while waiting to retry")
+        self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CONTROLLER,
+                                  reason=f"{reason}; every task parked",
+                                  controller_epoch=self.epoch)
+        log.warning("run %s paused: %s", self.run_id, reason)
+        return RunState.PAUSED
 
     def _renew_or_read(self) -> RunRecord | None:
         if time.monotonic() >= self._next_renew:
@@ -182,7 +323,7 @@ class Controller:
         if ints.pause and run.state == RunState.RUNNING:
             ints.pause = False
             run = self.store.transition_run(self.run_id, RunState.PAUSING, actor=Actor.CLI,
-                                            reason="ctrl-c: pausing at the next pause point",
+                                            reason=f"{ints.source}: pausing at the next pause point",
                                             controller_epoch=self.epoch)
         if run.state == RunState.CANCELLED:
             self._kill_all("cancel")
@@ -208,11 +349,36 @@ class Controller:
             self.store.transition_run(self.run_id, RunState.SUCCEEDED, actor=Actor.CONTROLLER,
                                       reason="every step succeeded", controller_epoch=self.epoch)
             return RunState.SUCCEEDED
+        if self._disk_full is not None:
+            # An attempt ran out of space: park the others at their next checkpoint
+            # (or the pause deadline) rather than let them fail the same way.
+            self.store.transition_run(self.run_id, RunState.PAUSING, actor=Actor.CONTROLLER,
+                                      reason=self._disk_full, controller_epoch=self.epoch)
+            self._disk_full = None  # recorded
+            return None
         failed = [t for t in tasks if t.state == TaskState.FAILED]
         if failed:
             return self._failing(failed)
         self._schedule(by_state)
+        if self.sched.unsatisfiable:
+            return self._unsatisfiable(self.sched.unsatisfiable)
         return None
+
+    def _unsatisfiable(self, why: str) -> RunState | None:
+        # The pool shrank under the run (`segue pool set` smaller): fail it with
+        # the reason rather than wait for ever. Running steps park first.
+        self._failure_pause_sent = True  # a parked step is not rescheduled
+        for a in self.attempts.values():
+            if not a.pause_signalled:
+                a.pause_signalled = True
+                a.handle.request_pause()
+        if self.attempts:
+            return None
+        self.store.transition_run(self.run_id, RunState.FAILED, actor=Actor.SCHEDULER,
+                                  reason=f"{why}; add capacity (`segue pool set --gpus N`), then "
+                                         f"`segue resume {self.run_id}`",
+                                  controller_epoch=self.epoch)
+        return RunState.FAILED
 
     def _failing(self, failed: list[TaskRecord]) -> RunState | None:
         # Park the others so their progress is kept, then stop the run.
@@ -266,8 +432,9 @@ class Controller:
         run = self.store.get_run(self.run_id)
         if run.state in (RunState.RUNNING, RunState.PAUSING):
             self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CLI,
-                                      reason="second ctrl-c: stopped at once; resume continues "
-                                             "from the last checkpoints", controller_epoch=self.epoch)
+                                      reason=f"second {self.interrupts.source}: stopped at once; "
+                                             "resume continues from the last checkpoints",
+                                      controller_epoch=self.epoch)
         return self.store.get_run(self.run_id).state
 
     def _kill_all(self, why: str) -> None:
@@ -282,7 +449,7 @@ class Controller:
 
     # -- attempts ------------------------------------------------------------
     def _schedule(self, tasks: dict[str, TaskRecord]) -> None:
-        now = time.time()
+        now = self.clock()
         budget = self.options.max_parallel_cpus
         used = sum(self.steps[a.step].resources.cpus for a in self.attempts.values())
         for name in self.order:
@@ -307,10 +474,9 @@ class Controller:
             return False  # waiting for resources; the reason is in `segue queue`
         rec = placed.task
         devices = ",".join(str(d) for d in placed.devices)
-        logs = self.home.logs_dir(self.run_id)
         handle = self.executor.launch(Launch(
             home=self.home.root, run_id=self.run_id, step=step, epoch=rec.epoch,
-            log_path=logs / f"{step}.log",
+            log_path=attempt_log_path(self.home, self.run_id, step, rec.epoch),  # `segue logs`
             # A task sees exactly its own devices (none for a CPU step).
             env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices},
         ))
@@ -330,7 +496,7 @@ class Controller:
         """Handle attempts that exited (or hung); True if any exited."""
         by_step = {t.step: t for t in tasks}
         exited = False
-        now = time.time()
+        now = self.clock()
         for step, a in list(self.attempts.items()):
             code = a.handle.poll()
             t = by_step[step]
@@ -341,10 +507,13 @@ class Controller:
                     a.killed_for = "lease"
                     a.handle.kill()
                 continue
+            # Forgotten only once its end is recorded: if the store cannot be written
+            # now, the next reap tries again (a lost exit would leave the task RUNNING).
+            if a.outcome is None:
+                a.outcome = self._on_exit(a, code, self.store.get_task(self.run_id, step))
+            self.sched.released(step, a.epoch, started_wall=a.started_wall, outcome=a.outcome)
             del self.attempts[step]
             exited = True
-            outcome = self._on_exit(a, code, self.store.get_task(self.run_id, step))
-            self.sched.released(step, a.epoch, started_wall=a.started_wall, outcome=outcome)
         return exited
 
     def _on_exit(self, a: _Attempt, code: int, t: TaskRecord) -> str:
@@ -363,6 +532,15 @@ class Controller:
             return "parked"
         if t.state != TaskState.RUNNING:
             return "done" if t.state == TaskState.SUCCEEDED else "killed"
+        if code == EXIT_DISK_FULL:
+            error, _ = self._describe_exit(a, code)
+            self.store.transition_task(
+                self.run_id, a.step, TaskState.PARKED, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
+                reason=f"{error}; parked (not counted as a failure)", error=error,
+            )
+            self._disk_full = error
+            log.warning("run %s: step %s: %s", self.run_id, a.step, error)
+            return "parked"
         if a.killed_for in ("pause-deadline", "stop"):
             self.store.transition_task(
                 self.run_id, a.step, TaskState.PARKED, actor=Actor.CONTROLLER, epoch=a.epoch,
@@ -373,6 +551,7 @@ class Controller:
         if a.killed_for == "cancel":
             return "killed"
         error, retryable = self._describe_exit(a, code)
+        record_failure(self.store, self.home, self.run_id, a.step, a.epoch, error, t.attempts)
         retries = self.steps[a.step].retries
         # Retries count consecutive failures without progress: an attempt that
         # committed a checkpoint moved the step forward, so a long job that
@@ -385,7 +564,7 @@ class Controller:
                 self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
                 reason=f"{error}; retry {failures} of {retries} in {delay:.1f}s",
                 count_failure=True, reset_failures=progressed, error=error,
-                next_attempt_at=time.time() + delay,
+                next_attempt_at=self.clock() + delay,
             )
         else:
             self.store.transition_task(

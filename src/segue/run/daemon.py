@@ -13,6 +13,7 @@ from ..home import Home
 from ..states import Actor, RunState
 from . import ops
 from .controller import Interrupts
+from .outage import describe_store_failure, store_unwritable
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,8 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     store = home.open_store()
     interrupts = Interrupts()
     # SIGTERM to a detached controller: pause gracefully (like a first ctrl-c).
-    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit())
-    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit())
+    signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit(s))  # events name the signal
+    signal.signal(signal.SIGINT, lambda s, f: interrupts.hit(s))
     try:
         run = store.get_run(a.run)
         loaded = load_flow(run.flow_path)
@@ -36,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         final = ops.drive(ctl, reason="detached controller started")
     except SegueError as exc:
         print(f"segue: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a full disk at start-up: one line, not a traceback
+        if not store_unwritable(exc):
+            raise
+        print(f"segue: {describe_store_failure(exc, home.db_path, a.run)}", file=sys.stderr)
         return 2
     logging.getLogger("segue.controller").info("run %s ended %s", a.run, final)
     return {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}.get(final, 1)

@@ -17,11 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import CodeChangedError, ControllerConflictError, IllegalTransitionError, UsageError
+from ..errors import (
+    CodeChangedError,
+    ControllerConflictError,
+    IllegalTransitionError,
+    RunStateError,
+    UsageError,
+)
 from ..flow import LoadedFlow, changed_steps, load_flow, resolve
 from ..home import Home, check_run_id
-from ..states import Actor, RunState, TaskState
+from ..scheduler.admission import check_satisfiable
+from ..states import Actor, RunState, TaskState, check_run
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
+from . import restart
 from .controller import Controller, Interrupts
 from .options import RunOptions
 from .procs import pid_alive, wait_dead
@@ -51,6 +59,12 @@ def prepare_run(
     opts = options or RunOptions.from_env()
     if loaded.flow.pause_on_failure and not opts.pause_on_failure:
         opts = RunOptions.from_json({**opts.to_json(), "pause_on_failure": True})
+    # A run that can never be placed on this host is refused now, not left waiting.
+    check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory)
+    # A declared sink whose output belongs to another run is refused now (exit 2).
+    from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
+
+    check_sinks(loaded.flow.steps, run_id, values)
     return Prepared(loaded, run_id, values, opts)
 
 
@@ -102,14 +116,45 @@ def drive(controller: Controller, *, reason: str) -> RunState:
     return controller.drive()
 
 
+def refuse_unless_allowed(run: RunRecord, to_state: RunState) -> None:
+    """Check the user's command against the transition table before writing.
+
+    A refusal here is the user's (RunStateError, exit 2, nothing written). The
+    store checks again inside its transaction: a run that moved after this
+    check makes it raise IllegalTransitionError, a race (exit 4).
+    """
+    try:
+        check_run(run.state, to_state)
+    except IllegalTransitionError as exc:
+        raise RunStateError.refusing(exc) from None
+
+
 def check_resumable(store: Store, run_id: str) -> RunRecord:
     run = store.get_run(run_id)
-    if run.state == RunState.SUCCEEDED:
-        raise IllegalTransitionError("a run", run.state.value, "RUNNING",
-                                     "the run already succeeded; start a new run instead")
-    if run.state == RunState.CANCELLED:
-        raise IllegalTransitionError("a run", run.state.value, "RUNNING",
-                                     "the run was cancelled; start a new run instead")
+    if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
+        refuse_unless_allowed(run, RunState.RUNNING)
+    return run
+
+
+def apply_resume_choices(
+    store: Store, run: RunRecord, *, restart_step: str | None = None,
+    on_input_change: str | None = None, actor: Actor = Actor.CLI,
+) -> RunRecord:
+    """The operator's changes at resume: validated first, then stored, before any controller starts.
+
+    A plain resume is refused (exit 2) when a step could only start from
+    scratch; ``restart_step`` is the explicit way (segue.run.restart).
+    ``on_input_change`` replaces the stored option every later worker reads.
+    """
+    opts = RunOptions.from_json(run.options).with_changes(on_input_change=on_input_change)
+    if restart_step is not None:
+        restart.check_step(store, run.run_id, restart_step)
+    restart.check_resumable_steps(store, run.run_id, skip=restart_step)
+    if opts.to_json() != RunOptions.from_json(run.options).to_json():
+        run = store.set_run_options(run.run_id, opts.to_json(), actor=actor,
+                                    reason=f"options changed at resume: on_input_change={on_input_change}")
+    if restart_step is not None:
+        restart.restart_step(store, run.run_id, restart_step, actor=actor)
     return run
 
 
@@ -149,6 +194,8 @@ def request_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> Run
                            reason="paused by the operator; it will not resume by itself")
     if run.state in (RunState.PAUSING, RunState.PAUSED):
         return run
+    if run.state != RunState.PENDING:
+        refuse_unless_allowed(run, RunState.PAUSING)
     if run.state == RunState.PENDING:
         return store.transition_run(run_id, RunState.PAUSED, actor=actor, reason="paused before it started")
     run = store.transition_run(run_id, RunState.PAUSING, actor=actor, reason="pause requested",
@@ -208,7 +255,7 @@ def wait_for_state(
 def cancel(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
     run = store.get_run(run_id)
     if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
-        raise IllegalTransitionError("a run", run.state.value, "CANCELLED", "the run already finished")
+        refuse_unless_allowed(run, RunState.CANCELLED)
     run = store.transition_run(run_id, RunState.CANCELLED, actor=actor, reason="cancelled by the operator")
     if not run.controller_alive() or (run.controller_host == socket.gethostname()
                                       and not pid_alive(run.controller_pid)):

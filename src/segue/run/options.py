@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import UsageError
+
+# Options whose value is one of a few words (the others are numbers or booleans).
+_CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new")}
 
 
 @dataclass(frozen=True)
@@ -24,16 +28,28 @@ class RunOptions:
     max_pause_s: float = 0.0
     gpus: int = -1  # -1: as the steps declare
     gpu_memory: int = 0  # bytes per GPU; 0: as the steps declare
+    # Data steps: what a restore does when the input changed since the run
+    # began (segue.data.pinning). Stored with the run like every option, so a
+    # worker started by any controller (a resume, an auto-resume after
+    # preemption) applies the policy the operator chose.
+    on_input_change: str = "fail"
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name in _CHOICES:
+                if v not in _CHOICES[f.name]:
+                    raise UsageError(f"run option {f.name} must be one of {', '.join(_CHOICES[f.name])}, "
+                                     f"not {v!r}")
+                continue
             if f.name in ("pause_on_failure", "preemptible"):
                 if not (isinstance(v, bool) or (v is None and f.name == "preemptible")):
                     raise UsageError(f"run option {f.name} must be true or false, not {v!r}")
                 continue
             if not isinstance(v, int | float) or isinstance(v, bool):
                 raise UsageError(f"run option {f.name} must be a number, not {v!r}")
+            if not math.isfinite(v):  # nan passes every comparison below
+                raise UsageError(f"run option {f.name} must be a finite number, not {v!r}")
             if v < 0 and f.name not in ("priority", "gpus"):
                 raise UsageError(f"run option {f.name} must be non-negative, not {v!r}")
         if self.lease_ttl_s < 0.5:
@@ -64,6 +80,9 @@ class RunOptions:
             if f.name in ("pause_on_failure", "preemptible"):
                 base[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
                 continue
+            if f.name in _CHOICES:
+                base[f.name] = raw.strip()
+                continue
             try:
                 num = float(raw)
             except ValueError:
@@ -71,6 +90,10 @@ class RunOptions:
             base[f.name] = int(num) if f.name in ("priority", "gpus", "gpu_memory") else num
         base.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**base)
+
+    def with_changes(self, **changes: Any) -> RunOptions:
+        """A copy with ``changes`` applied (None values ignored), validated like a new one."""
+        return RunOptions.from_json({**self.to_json(), **{k: v for k, v in changes.items() if v is not None}})
 
     def backoff(self, failures: int) -> float:
         return min(self.backoff_max_s, self.backoff_base_s * (2 ** max(0, failures - 1)))

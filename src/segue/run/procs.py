@@ -7,7 +7,9 @@ holds no resources and will never commit anything.
 from __future__ import annotations
 
 import os
+import socket
 import time
+from typing import Any
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -36,4 +38,18 @@ def wait_dead(pid: int | None, timeout: float) -> bool:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.01)
+    return True
+
+
+def controller_alive(run: Any, at: float | None = None) -> bool:
+    """Whether a run's controller is alive, as far as this host can know.
+
+    The lease is what a remote host has to go by. A controller on this host
+    whose pid is gone is dead now, whatever its lease says: waiting for the
+    lease to expire would only delay status and resume (``run`` is a RunRecord).
+    """
+    if not run.controller_alive(at):
+        return False
+    if run.controller_host == socket.gethostname():
+        return pid_alive(run.controller_pid)
     return True

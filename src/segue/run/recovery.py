@@ -2,6 +2,7 @@
 
 ``reclaim_orphan``: an attempt left RUNNING by a previous controller.
 ``describe_exit``: what an attempt's exit means, and whether a retry can help.
+``lost_controller``: a run that looks alive but that nothing drives.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ import signal
 import time
 
 from ..home import Home
-from ..states import Actor, TaskState
-from ..store.base import Store, TaskRecord
-from .procs import pid_alive, wait_dead
+from ..states import Actor, RunState, TaskState
+from ..store.base import RunRecord, Store, TaskRecord, now
+from .outage import EXIT_DISK_FULL, disk_full_line
+from .procs import controller_alive, pid_alive, wait_dead
 from .worker import exit_report_path
 
 
@@ -31,12 +33,13 @@ def reclaim_orphan(
     and the epoch bump of the next attempt fences it. A live lease
     elsewhere: wait for it to expire.
     """
-    deadline = time.time() + ttl_s * 2
+    # Leases are judged on the store's clock (virtual in tests), never on a private one.
+    deadline = now() + ttl_s * 2
     while True:
         cur = store.get_task(run_id, t.step)
         if cur.state != TaskState.RUNNING or cur.epoch != t.epoch:
             return
-        live = cur.lease_until is not None and cur.lease_until > time.time()
+        live = cur.lease_until is not None and cur.lease_until > now()
         if not live:
             break
         local = (cur.host or prev_host) == host
@@ -49,7 +52,7 @@ def reclaim_orphan(
                 pass
             if wait_dead(cur.pid, 1.0):
                 break
-        if time.time() > deadline:
+        if now() > deadline:
             break
         time.sleep(0.05)
     store.transition_task(
@@ -70,6 +73,8 @@ def describe_exit(home: Home, run_id: str, step: str, epoch: int, code: int, *,
             return str(doc["error"]), bool(doc.get("retryable", True))
         except (ValueError, KeyError, OSError):
             pass
+    if code == EXIT_DISK_FULL:  # it could not even write its exit report
+        return disk_full_line(f"step {step}'s checkpoint or output", home.root, run_id), False
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -77,3 +82,19 @@ def describe_exit(home: Home, run_id: str, step: str, epoch: int, code: int, *,
             name = f"signal {-code}"
         return f"worker process was killed by {name}", True
     return f"worker process exited with code {code}", True
+
+
+def lost_controller(run: RunRecord, at: float | None = None) -> str | None:
+    """One line if nothing drives a RUNNING (or PAUSING) run any more, else None.
+
+    A controller that died without a word (SIGKILL, a disk so full that not even
+    a pause could be recorded) leaves the run RUNNING; status must say so rather
+    than show a run that looks alive.
+    """
+    if run.state not in (RunState.RUNNING, RunState.PAUSING) or controller_alive(run, at):
+        return None
+    who = (f"pid {run.controller_pid} on {run.controller_host}" if run.controller_pid
+           else "none recorded")
+    return (f"no controller: the run is {run.state.value} but its controller ({who}) is gone "
+            f"and recorded no outcome; `segue resume {run.run_id}` continues from the last "
+            "checkpoints")

@@ -5,11 +5,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..scheduler.pricing import Prices
 from ..states import TaskState
 from ..store.base import CheckpointRecord, Store
+from . import costs
+from .logs import last_failures
+from .procs import controller_alive
+from .recovery import lost_controller
 
 
-def run_status(store: Store, run_id: str) -> dict[str, Any]:
+def run_status(store: Store, run_id: str, prices: Prices | None = None, *, pool: Any = None,
+               home_key: str | None = None) -> dict[str, Any]:
+    """``pool``/``home_key``: the host pool and this home's name in it, to count the
+    attempts running now in the accounting (without them, only finished attempts)."""
     run = store.get_run(run_id)
     tasks = store.get_tasks(run_id)
     latest: dict[str, CheckpointRecord] = {}
@@ -17,13 +25,15 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
         if c.step not in latest or c.seq > latest[c.step].seq:
             latest[c.step] = c
     waiting = {r.step: r for r in getattr(store, "list_requests", lambda: [])() if r.run_id == run_id}
+    failures = last_failures(store.list_events(run_id))  # tracebacks kept by the controller
     steps = []
     for t in tasks:
         ck = latest.get(t.step)
         steps.append({
             "name": t.step,
             "state": t.state.value,
-            "progress": {"done": t.progress_done, "total": t.progress_total},
+            # unit: "bytes" or "records" for a data step (from its checkpoint), else None.
+            "progress": {"done": t.progress_done, "total": t.progress_total, "unit": _unit(ck)},
             "attempts": t.attempts,
             "failures": t.failures,
             "epoch": t.epoch,
@@ -33,6 +43,7 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
             "pid": t.pid if t.state == TaskState.RUNNING else None,
             "error": t.error,
             "waiting_for": waiting[t.step].reason if t.step in waiting else None,
+            "last_failure": failures.get(t.step),
         })
     return {
         "run_id": run.run_id,
@@ -46,11 +57,19 @@ def run_status(store: Store, run_id: str) -> dict[str, Any]:
         "controller": {
             "pid": run.controller_pid,
             "host": run.controller_host,
-            "alive": run.controller_alive(time.time()),
+            "alive": controller_alive(run, time.time()),  # a dead local pid is dead now
+            "lease_until": run.controller_lease_until,
         },
+        # Set when the run looks alive but nothing drives it (see lost_controller).
+        "problem": lost_controller(run),
         "steps": steps,
-        "accounting": accounting(store, run_id),
+        "accounting": accounting(store, run_id, prices, pool=pool, home_key=home_key),
     }
+
+
+def _unit(ck: CheckpointRecord | None) -> str | None:
+    unit = ck.position.get("unit") if ck is not None and isinstance(ck.position, dict) else None
+    return unit if isinstance(unit, str) else None
 
 
 def paused_seconds(store: Store, run_id: str, until: float | None = None) -> float:
@@ -69,19 +88,7 @@ def paused_seconds(store: Store, run_id: str, until: float | None = None) -> flo
     return total
 
 
-def accounting(store: Store, run_id: str) -> dict[str, Any]:
-    stats: dict[str, float] = getattr(store, "get_stats", lambda r: {})(run_id)
-    ckpt_bytes = sum(c.nbytes for c in store.list_checkpoints(
-        run_id, statuses=("committed", "quarantined", "pruned")))
-    return {
-        "device_seconds": round(stats.get("device_s", 0.0), 3),
-        "attempt_seconds": round(stats.get("attempt_s", 0.0), 3),
-        "paused_seconds": round(paused_seconds(store, run_id), 3),
-        "checkpoint_bytes": ckpt_bytes,
-        "work_redone_seconds": round(stats.get("work_redone_s", 0.0), 3),
-        "device_seconds_redone": round(stats.get("device_s_redone", 0.0), 3),
-        "seconds_saved_by_resume": round(stats.get("saved_s", 0.0), 3),
-        "device_seconds_saved_by_resume": round(stats.get("device_s_saved", 0.0), 3),
-        "preemptions": int(stats.get("preemptions", 0)),
-        "waiting_for_resources": stats.get("preempted_at", 0.0) > 0,
-    }
+def accounting(store: Store, run_id: str, prices: Prices | None = None, *, pool: Any = None,
+               home_key: str | None = None) -> dict[str, Any]:
+    """Time, devices, storage and money; every figure is defined in docs/accounting.md."""
+    return costs.accounting(store, run_id, prices, pool=pool, home_key=home_key)

@@ -9,13 +9,14 @@ controller what happened; the store holds what was committed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
-import errno
 import json
 import logging
 import os
 import signal
 import socket
+import sqlite3
 import sys
 import threading
 import time
@@ -32,12 +33,14 @@ from ..home import Home, output_path
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
+from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_PARKED = 3
 EXIT_FENCED = 4
 EXIT_ORPHANED = 5
+# EXIT_DISK_FULL = 6 (see .outage): a write failed for lack of space; the run pauses.
 
 log = logging.getLogger("segue.worker")
 
@@ -97,17 +100,25 @@ class Heartbeat(threading.Thread):
 
 def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None:
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"error": error, "traceback": tb, "retryable": retryable}))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps({"error": error, "traceback": tb, "retryable": retryable}))
+        os.replace(tmp, path)
+    except OSError:  # a full disk: the exit code still tells the controller
+        with contextlib.suppress(OSError):
+            tmp.unlink()
 
 
 def describe_error(exc: BaseException, home: Home, run_id: str) -> str:
-    """One line for the operator; a full disk says where and what to do."""
-    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-        where = exc.filename or home.root
-        return (f"disk full: no space left on the device of {where}; free space (old runs' "
-                f"checkpoints: `segue ckpt prune`) or move --home, then `segue resume {run_id}`; "
-                "committed checkpoints are intact")
+    """One line for the operator; a full disk says what it stopped, where, and what to do."""
+    if is_disk_full(exc):
+        checkpoint = getattr(exc, "segue_checkpoint", None)
+        if checkpoint is not None:
+            where = getattr(exc, "filename", None) or home.root
+            return disk_full_line(f"checkpoint {checkpoint}", where, run_id)
+        if isinstance(exc, sqlite3.Error):
+            return disk_full_line(f"the metadata store {home.db_path}", home.db_path, run_id)
+        where = getattr(exc, "filename", None) or home.root
+        return disk_full_line(str(where), where, run_id)
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -158,6 +169,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             store=store, storage=storage, flags=flags, load_input=load_input,
             code_fingerprint=digest(loaded.fingerprint),
             previous_progress=(task.progress_done, task.progress_total),
+            home=home, options=run.options,
         )
         result = spec.fn(ctx)
         ctx.close()  # the last checkpoint's commit lands before the output's
@@ -185,9 +197,16 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         # silently start from scratch. Only the operator's resume may do that.
         retryable = not isinstance(exc, NoValidCheckpointError) and getattr(
             exc, "segue_retryable", True)
-        _write_exit_report(exit_report_path(home, run_id, step, epoch),
-                           describe_error(exc, home, run_id), traceback.format_exc(), retryable)
-        traceback.print_exc()
+        error = describe_error(exc, home, run_id)
+        _write_exit_report(exit_report_path(home, run_id, step, epoch), error,
+                           traceback.format_exc(), retryable)
+        with contextlib.suppress(OSError):  # the log is on the same (maybe full) disk
+            traceback.print_exc()
+        if is_disk_full(exc):
+            # Parked, not failed: retrying on a full disk only burns the retries.
+            with contextlib.suppress(OSError):
+                print(f"segue: {error}", file=sys.stderr)
+            return EXIT_DISK_FULL
         return EXIT_FAILED
     finally:
         hb.stop_event.set()
@@ -203,10 +222,18 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.time()
-    code = run_attempt(Home.resolve(a.home), a.run, a.step, a.epoch, a.parent_pid)
+    try:
+        code = run_attempt(Home.resolve(a.home), a.run, a.step, a.epoch, a.parent_pid)
+    except BaseException as exc:
+        # Raised while reporting an outcome (parking, say) on a full disk: the
+        # exit code is the one report that needs no space.
+        if not is_disk_full(exc):
+            raise
+        code = EXIT_DISK_FULL
     log.info("attempt epoch %d of %s ended with exit code %d after %.2fs", a.epoch, a.step, code, time.time() - t0)
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(OSError):
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: the heartbeat thread may hold a connection
 
 

@@ -1,24 +1,30 @@
-"""The scheduling half of a controller: place attempts in the shared pool,
+"""The scheduling half of a controller: place attempts in the host pool,
 preempt lower-priority runs, wait for capacity after being preempted, account.
 
-Every decision is an event with its reason. The pool itself lives in the
-store, so runs started from different processes share it and nothing is ever
-allocated twice.
+Every decision is an event with its reason. The pool is shared by every home
+on the machine (:mod:`segue.store.hostpool`); this run's own state (attempts,
+epochs, statistics, events) stays in its home's store. Another home's store is
+never written: a preemptor posts a preemption request in the pool and the
+victim's own controller pauses its run, with its own controller epoch.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
-from ..errors import IllegalTransitionError
+from ..errors import FencedError, IllegalTransitionError, SegueError
 from ..flow.model import StepSpec
 from ..run.procs import pid_alive
 from ..states import Actor, RunState, TaskState
-from ..store.base import Store, TaskRecord
-from ..store.pool import Denied, Placement, PoolStore
+from ..store.base import TaskRecord
+from ..store.hostpool import shared_part
+from ..store.pool import Allocated, Denied, HostPoolStore, Placement
+from .accounting import attempt_deltas, rates_of
 from .devices import ensure_host
 from .policy import (
     Device,
@@ -28,20 +34,24 @@ from .policy import (
     effective_priority,
     place,
     priority_name,
+    step_need,
 )
 
 log = logging.getLogger("segue.scheduler")
 
 REFRESH_S = 0.5  # how often a waiting request is re-announced (it has a lease)
+MIN_PREEMPT_TTL_S = 5.0  # how long a preemption request waits for the victim's controller
 
-
-class SchedStore(Store, PoolStore):
-    """A store that also implements the pool contract (SQLiteStore does)."""
+# The home store as the scheduler uses it (SQLiteStore): the Store contract plus
+# run statistics, the local view of waiting requests and start_placed_attempt.
+SchedStore = Any
 
 
 @dataclass
 class RunScheduler:
-    store: SchedStore
+    store: SchedStore  # this run's home store
+    pool: HostPoolStore  # the host pool, shared by every home
+    home: str  # this run's home (its resolved path): runs are (home, run_id) in the pool
     run_id: str
     steps: dict[str, StepSpec]
     host: str
@@ -51,26 +61,23 @@ class RunScheduler:
     lease_ttl_s: float
     gpus_override: int = -1
     gpu_memory_override: int = 0
-    spawn: Callable[[str], object] | None = None  # starts a detached controller for a run id
-    victims: set[str] = field(default_factory=set)
+    spawn: Callable[[str, str], object] | None = None  # starts a detached controller (home, run)
+    # (home, run) -> the preemption request posted to it
+    victims: dict[tuple[str, str], int] = field(default_factory=dict)
+    unsatisfiable: str | None = None  # set when a step can never fit on this host
     _announced: dict[str, float] = field(default_factory=dict)
     _reasons: dict[str, str] = field(default_factory=dict)
     _preempt_t0: float = 0.0
     _aged_to: int = 0
+    _next_renew: float = 0.0
 
     def __post_init__(self) -> None:
-        ensure_host(self.store, self.host)
+        ensure_host(self.pool, self.host)
         self._aged_to = self.priority
 
     # -- needs -----------------------------------------------------------------
     def need(self, step: str) -> Need:
-        r = self.steps[step].resources
-        gpus = r.gpus
-        any_gpu = any(s.resources.gpus for s in self.steps.values())
-        if self.gpus_override >= 0 and (r.gpus > 0 or not any_gpu):
-            gpus = self.gpus_override
-        mem = self.gpu_memory_override or r.gpu_memory
-        return Need(gpus=gpus, gpu_memory=mem if gpus else None, cpus=r.cpus, memory=r.memory or 0)
+        return step_need(self.steps, step, self.gpus_override, self.gpu_memory_override)
 
     def effective_priority(self) -> int:
         waited = self.waited_s()
@@ -85,111 +92,205 @@ class RunScheduler:
             )
         return eff
 
+    def _label(self, home: str, run_id: str) -> str:
+        return run_id if home == self.home else f"{run_id} of home {home}"
+
     # -- placing ---------------------------------------------------------------
     def try_place(self, step: str, *, actor: Actor) -> Placement | None:
         need = self.need(step)
-        if self.victims and not self._victims_parked():
-            return None
         prio = self.effective_priority()
-        res = self.store.try_start_attempt(
-            self.run_id, step, host=self.host, need=need, priority=prio,
-            preemptible=self.preemptible, ttl_s=self.lease_ttl_s, actor=actor,
-        )
-        if isinstance(res, Placement):
-            if self.victims:
-                self.store.append_event(
-                    self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
-                    reason=f"placed on devices {list(res.devices)} {time.time() - self._preempt_t0:.2f}s "
-                           f"after preempting {', '.join(sorted(self.victims))}",
-                    data={"devices": list(res.devices), "victims": sorted(self.victims)},
-                )
-                self.victims.clear()
-            self._announced.pop(step, None)
-            self._reasons.pop(step, None)
-            return res
-        self._announce(step, need, prio, res)
-        if not self.victims:
-            self._maybe_preempt(step, need, prio)
+        if self.victims and not self._victims_parked():
+            # Keep our request alive: it is what stops the victims (and anyone
+            # else) from taking the capacity back while it frees.
+            self._announce(step, need, prio, Denied(self._reasons.get(step) or
+                                                    "waiting for preempted runs to park"))
+            return None
+        res = self.pool.allocate(self.home, self.run_id, step, host=self.host, need=need,
+                                 priority=prio, preemptible=self.preemptible, ttl_s=self.lease_ttl_s)
+        if isinstance(res, Denied):
+            if res.never:
+                self.unsatisfiable = f"step {step!r} {res.reason}"
+                return None
+            self._announce(step, need, prio, res)
+            if not self.victims:
+                self._maybe_preempt(step, need, prio)
+            return None
+        task = self._start(step, res, actor)
+        if task is None:
+            return None
+        if self.victims:
+            self.store.append_event(
+                self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
+                reason=f"placed on devices {list(res.devices)} {time.time() - self._preempt_t0:.2f}s "
+                       f"after preempting {', '.join(sorted(self._label(*v) for v in self.victims))}",
+                data={"devices": list(res.devices), "victims": sorted(r for _, r in self.victims)},
+            )
+            self.victims.clear()
+        self._announced.pop(step, None)
+        self._reasons.pop(step, None)
+        return Placement(task, res.devices)
+
+    def _start(self, step: str, alloc: Allocated, actor: Actor) -> TaskRecord | None:
+        """Start the attempt in the home store for an allocation the pool just made."""
+        try:
+            task = self.store.start_placed_attempt(
+                self.run_id, step, ttl_s=self.lease_ttl_s, actor=actor,
+                data={"devices": list(alloc.devices), "host": self.host})
+        except BaseException:
+            self.pool.release_id(alloc.id)  # nothing started: give the devices back now
+            raise
+        if self.pool.bind(alloc.id, task.epoch, self.lease_ttl_s):
+            return task
+        # The allocation's lease ran out between the two transactions (a stalled
+        # process): the devices may belong to someone else now, so this attempt
+        # must not run. It goes back to PENDING and is placed again.
+        self.store.transition_task(
+            self.run_id, step, TaskState.PENDING, actor=Actor.SCHEDULER, epoch=task.epoch,
+            reason="its device allocation lapsed before the attempt started; placing it again")
         return None
 
     def _announce(self, step: str, need: Need, prio: int, denied: Denied) -> None:
         now = time.monotonic()
-        if self._reasons.get(step) != denied.reason:
+        changed = self._reasons.get(step) != denied.reason
+        if changed:
             self.store.append_event(self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
                                     reason=denied.reason, data={"need": need.describe()})
-        if self._reasons.get(step) != denied.reason or now - self._announced.get(step, 0) > REFRESH_S:
+        if changed or now - self._announced.get(step, 0) > REFRESH_S:
+            self.pool.upsert_request(self.home, self.run_id, step, host=self.host, need=need,
+                                     priority=prio, reason=denied.reason, ttl_s=self.lease_ttl_s)
+            # The home's own view, for `segue status` and `segue ls`.
             self.store.upsert_request(self.run_id, step, host=self.host, need=need, priority=prio,
                                       reason=denied.reason, ttl_s=self.lease_ttl_s)
             self._announced[step] = now
             self._reasons[step] = denied.reason
 
     def _victims_parked(self) -> bool:
-        for rid in self.victims:
-            if self.store.get_run(rid).state in (RunState.RUNNING, RunState.PAUSING):
-                return False
-        return True
+        """Have the victims let go of their devices? Forget them if one refused."""
+        holding = {(a.home, a.run_id) for a in self.pool.list_allocations(self.host)}
+        waiting = False
+        for victim, req_id in self.victims.items():
+            if victim not in holding:
+                continue
+            req = self.pool.preemption(req_id)
+            if req is None or req.outcome is not None and req.outcome != "accepted" or (
+                    req.outcome is None and req.lease_until <= time.time()):
+                # Refused (it stopped running meanwhile), or its controller never
+                # answered: choose again from what holds the host now.
+                log.info("preemption of %s not accepted (%s); choosing again", victim,
+                         req.outcome if req else "gone")
+                self.victims.clear()
+                return True
+            waiting = True
+        return not waiting
 
     def holders(self) -> list[Holder]:
-        hp = self.store.get_host(self.host)
+        hp = self.pool.get_host(self.host)
         mem = {d.index: d.memory for d in hp.devices} if hp else {}
         now = time.time()
-        by_run: dict[str, list] = {}
-        for a in self.store.list_allocations(self.host):
-            if a.run_id != self.run_id:
-                by_run.setdefault(a.run_id, []).append(a)
+        by_run: dict[tuple[str, str], list] = {}
+        for a in self.pool.list_allocations(self.host):
+            if (a.home, a.run_id) != (self.home, self.run_id):
+                by_run.setdefault((a.home, a.run_id), []).append(a)
         out = []
-        for rid, allocs in by_run.items():
-            lost = 0.0
-            for a in allocs:
-                cks = self.store.list_checkpoints(rid, a.step)
-                last = max(cks[0].created_at, a.since) if cks else a.since
-                lost += max(0.0, now - last)
-            stats = self.store.get_stats(rid)
+        for (home, rid), allocs in by_run.items():
+            lost = sum(max(0.0, now - max(a.since, a.ckpt_at or a.since)) for a in allocs)
+            mine = home == self.home  # another home's cpus and memory are not ours to free
             out.append(Holder(
-                run_id=rid, priority=min(a.priority for a in allocs),
+                run_id=rid, home=home, priority=min(a.priority for a in allocs),
                 preemptible=all(a.preemptible for a in allocs),
                 devices=tuple(Device(i, mem.get(i, 0)) for a in allocs for i in a.devices),
-                cpus=sum(a.cpus for a in allocs), memory=sum(a.memory for a in allocs),
-                work_lost_s=lost, preemptions=int(stats.get("preemptions", 0)),
+                cpus=sum(a.cpus for a in allocs) if mine else 0.0,
+                memory=sum(a.memory for a in allocs) if mine else 0,
+                work_lost_s=lost, preemptions=max(a.preemptions for a in allocs),
                 steps=tuple(a.step for a in allocs),
             ))
         return out
 
     def _maybe_preempt(self, step: str, need: Need, prio: int) -> None:
-        free = self.store.free_capacity(self.host)
+        free = self.pool.free_capacity(self.host, self.home)
         if place(need, free) is not None:
             return  # it fits; we are only waiting for our turn
-        holders = self.holders()
-        victims = choose_victims(need, free, holders, prio)
+        victims = choose_victims(need, free, self.holders(), prio)
         if not victims:
             return
         t = time.time()
-        chosen = []
+        here = "" if not victims or all(v.home == self.home for v in victims) \
+            else f" of home {self.home}"
         for v in victims:
-            try:
-                self.store.transition_run(
-                    v.run_id, RunState.PAUSING, actor=Actor.SCHEDULER, only_from=(RunState.RUNNING,),
-                    reason=f"preempted by run {self.run_id!r} ({priority_name(prio)}) to free "
-                           f"{need.describe()} for step {step!r}",
-                )
-            except IllegalTransitionError:
-                continue
-            self.store.add_stats(v.run_id, {"preemptions": 1})
-            self.store.set_stats(v.run_id, {"preempted_at": t})
-            chosen.append(v)
-        if not chosen:
-            return
-        self.victims = {v.run_id for v in chosen}
+            req = self.pool.request_preemption(
+                v.home, v.run_id, by_home=self.home, by_run=self.run_id,
+                reason=f"preempted by run {self.run_id!r} ({priority_name(prio)}){here} to free "
+                       f"{need.describe()} for step {step!r}",
+                ttl_s=max(self.lease_ttl_s, MIN_PREEMPT_TTL_S))
+            self.victims[(v.home, v.run_id)] = req.id
         self._preempt_t0 = t
         why = "; ".join(
-            f"{v.run_id} ({priority_name(v.priority)}, {v.work_lost_s:.1f}s since its last checkpoint, "
-            f"preempted {v.preemptions}x before)" for v in chosen
+            f"{self._label(v.home, v.run_id)} ({priority_name(v.priority)}, {v.work_lost_s:.1f}s "
+            f"since its last checkpoint, preempted {v.preemptions}x before)" for v in victims
         )
         self.store.append_event(
             self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
             reason=f"preempting {why}: lowest priority first, then least work lost, then least preempted",
-            data={"victims": [v.run_id for v in chosen], "need": need.describe()},
+            data={"victims": [v.run_id for v in victims], "homes": [v.home for v in victims],
+                  "need": need.describe()},
         )
+
+    # -- every controller tick ---------------------------------------------------
+    def tick(self, controller_epoch: int, attempts: Mapping[str, int]) -> bool:
+        """Answer preemption requests, renew our allocations; True if the run's state changed.
+
+        ``attempts``: step -> epoch of the attempts whose processes this
+        controller still tracks. Their allocations live as long as the
+        controller renews them; workers die with their controller, so a crashed
+        controller's devices return when the lease runs out.
+        """
+        changed = self._answer_preemptions(controller_epoch)
+        now = time.monotonic()
+        if attempts and now >= self._next_renew:
+            self._next_renew = now + self.lease_ttl_s / 4
+            stats = self.store.get_stats(self.run_id)
+            for step, epoch in attempts.items():
+                cks = self.store.list_checkpoints(self.run_id, step)
+                if not self.pool.renew(self.home, self.run_id, step, epoch, ttl_s=self.lease_ttl_s,
+                                       ckpt_at=cks[0].created_at if cks else None,
+                                       preemptions=int(stats.get("preemptions", 0))):
+                    log.warning("the allocation of %s epoch %d lapsed before it was renewed "
+                                "(this controller stalled for longer than its lease)", step, epoch)
+        return changed
+
+    def _answer_preemptions(self, controller_epoch: int) -> bool:
+        reqs = self.pool.pending_preemptions(self.home, self.run_id)
+        if not reqs:
+            return False
+        changed = False
+        for r in reqs:
+            run = self.store.get_run(self.run_id)
+            if run.state == RunState.PAUSING:
+                self.pool.answer_preemption(r.id, "accepted")  # already parking: the devices free
+                continue
+            if run.state != RunState.RUNNING:
+                self.pool.answer_preemption(r.id, f"refused: the run is {run.state.value}")
+                continue
+            try:
+                self.store.transition_run(self.run_id, RunState.PAUSING, actor=Actor.SCHEDULER,
+                                          only_from=(RunState.RUNNING,), reason=r.reason,
+                                          controller_epoch=controller_epoch)
+            except FencedError:
+                return changed  # a newer controller owns the run; it answers
+            except IllegalTransitionError as exc:
+                self.pool.answer_preemption(r.id, f"refused: {exc}")
+                continue
+            self.store.add_stats(self.run_id, {"preemptions": 1})
+            self.store.set_stats(self.run_id, {"preempted_at": time.time()})
+            self.pool.park(self.home, self.run_id)
+            self.pool.answer_preemption(r.id, "accepted")
+            changed = True
+        return changed
+
+    def close(self) -> None:
+        """The controller stops: nothing of this run waits any more."""
+        self.pool.drop_requests(self.home, self.run_id)
+        self.store.drop_request(self.run_id)
 
     # -- after an attempt -----------------------------------------------------
     def released(self, step: str, epoch: int, *, started_wall: float, outcome: str) -> None:
@@ -197,25 +298,19 @@ class RunScheduler:
 
         ``outcome``: "done" | "parked" | "killed" (lost work since the last checkpoint).
         """
-        alloc = self.store.release_allocation(self.run_id, step, epoch)
+        alloc = self.pool.release(self.home, self.run_id, step, epoch)
         end = time.time()
         dur = max(0.0, end - started_wall)
-        gpus = len(alloc.devices) if alloc else 0
-        stats = self.store.get_stats(self.run_id)
         lost = 0.0
         if outcome == "killed":
             cks = [c for c in self.store.list_checkpoints(self.run_id, step) if c.epoch == epoch]
             lost = max(0.0, end - (cks[0].created_at if cks else started_wall))
-        deltas = {"attempt_s": dur, "device_s": gpus * dur, f"step:{step}:s": dur}
-        if outcome in ("killed", "parked"):
-            # Resuming keeps everything this step did before the interruption but
-            # the work since its last checkpoint; restarting would redo it all.
-            done_s = stats.get(f"step:{step}:s", 0.0) + dur - stats.get(f"step:{step}:lost", 0.0) - lost
-            deltas.update({
-                "work_redone_s": lost, "device_s_redone": gpus * lost, f"step:{step}:lost": lost,
-                "saved_s": max(0.0, done_s), "device_s_saved": gpus * max(0.0, done_s),
-            })
-        self.store.add_stats(self.run_id, deltas)
+        rates = rates_of(alloc, self.pool.get_host(alloc.host) if alloc else None)
+        add, put = attempt_deltas(self.store.get_stats(self.run_id), step, epoch, rates, dur=dur,
+                                  lost=lost, interrupted=outcome in ("killed", "parked"))
+        # Set before add: a crash in between loses a credit rather than counting it twice.
+        self.store.set_stats(self.run_id, put)
+        self.store.add_stats(self.run_id, add)
         if alloc is not None and (alloc.devices or alloc.cpus):
             self.wake_orphans()
 
@@ -238,21 +333,25 @@ class RunScheduler:
             return True
         need = self.need(nxt)
         prio = self.effective_priority()
-        free = self.store.free_capacity(self.host)
+        free = self.pool.free_capacity(self.host, self.home)
         reason = f"preempted; waiting for {need.describe()} to resume"
         if place(need, free) is None:
             self._announce(nxt, need, prio, Denied(reason))
             return False
-        hp = self.store.get_host(self.host)
+        hp = self.pool.get_host(self.host)
         total = len(hp.devices) if hp else 0
         mine = time.time() - self.waited_s()
-        for r in self.store.list_requests(self.host):
-            if r.run_id == self.run_id or r.need.gpus > total:
+        for r in self.pool.list_requests(self.host):
+            if (r.home, r.run_id) == (self.home, self.run_id) or r.need.gpus > total:
                 continue
+            if r.home != self.home and not (r.need.gpus and need.gpus):
+                continue  # homes compete for devices only
             # The same rule as placement: never ahead of a waiting higher class.
-            if r.priority > prio or (r.priority == prio and r.submitted_at < mine
-                                     and place(r.need, free) is not None):
-                self._announce(nxt, need, prio, Denied(f"preempted; waiting behind run {r.run_id!r}"))
+            if r.priority > prio or (r.priority == prio and r.submitted_at < mine and place(
+                    shared_part(r.need, r.home != self.home), free) is not None):
+                self._announce(nxt, need, prio, Denied(
+                    f"preempted; waiting behind run {r.run_id!r}"
+                    f"{'' if r.home == self.home else f' of home {r.home}'}"))
                 return False
         return True
 
@@ -261,23 +360,57 @@ class RunScheduler:
         waited = self.waited_s()
         self.store.set_stats(self.run_id, {"preempted_at": 0.0})
         self.store.add_stats(self.run_id, {"preempted_wait_s": waited})
+        self.pool.unpark(self.home, self.run_id)
         return waited
 
     def wake_orphans(self) -> None:
-        """Preempted runs whose controller is gone would wait forever: start one for each."""
+        """Preempted runs whose controller is gone would wait forever: start one for each.
+
+        The pool remembers every run paused by preemption, in any home. A home
+        this user cannot open belongs to someone else; their own controllers
+        wake it.
+        """
         if self.spawn is None:
             return
         now = time.time()
-        for run in self.store.list_runs():
-            if run.run_id == self.run_id or run.state != RunState.PAUSED:
+        for home, rid in self.pool.parked():
+            if (home, rid) == (self.home, self.run_id):
+                continue
+            store = self.store if home == self.home else _open_home_store(home)
+            if store is None:
+                if not Path(home).exists():
+                    self.pool.unpark(home, rid)  # the home was deleted
+                continue
+            try:
+                run = store.get_run(rid)
+                waiting = store.get_stats(rid).get("preempted_at", 0.0) > 0
+            except SegueError:
+                self.pool.unpark(home, rid)  # the run is gone
+                continue
+            if run.state != RunState.PAUSED or not waiting:
+                self.pool.unpark(home, rid)  # resumed, cancelled, or paused by its operator
                 continue
             if run.controller_lease_until is not None and run.controller_lease_until > now and (
                 run.controller_host != self.host or pid_alive(run.controller_pid)
             ):
                 continue  # its own controller is alive and waiting
-            if self.store.get_stats(run.run_id).get("preempted_at", 0.0) > 0:
-                log.info("starting a controller for preempted run %s", run.run_id)
-                self.store.append_event(run.run_id, "scheduler", actor=Actor.SCHEDULER,
-                                        reason=f"capacity freed by run {self.run_id!r}; starting a "
-                                               "controller to resume this preempted run")
-                self.spawn(run.run_id)
+            log.info("starting a controller for preempted run %s of home %s", rid, home)
+            store.append_event(rid, "scheduler", actor=Actor.SCHEDULER,
+                               reason=f"capacity freed by run {self.run_id!r}"
+                                      f"{'' if home == self.home else f' of home {self.home}'}"
+                                      "; starting a controller to resume this preempted run")
+            self.spawn(home, rid)
+
+
+def _open_home_store(home: str) -> Any:
+    """Another home's store, or None if it is gone or not ours to open."""
+    from ..store import SQLiteStore
+
+    db = Path(home) / "segue.db"
+    try:
+        if not db.is_file():
+            return None
+        return SQLiteStore(db)
+    except (OSError, SegueError) as exc:
+        log.info("cannot open home %s: %s", home, exc)
+        return None

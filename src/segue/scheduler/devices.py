@@ -11,9 +11,11 @@ import os
 import shutil
 import subprocess
 
-from ..store.pool import HostPool, PoolStore
+from ..store.pool import HostPool, HostPoolStore
 
 Devices = list[tuple[str, int, bool]]  # (name, memory bytes, virtual)
+# device index -> [(pid, used memory bytes)] of every process the driver sees on it
+GpuProcesses = dict[int, list[tuple[int, int]]]
 
 
 def detect_gpus() -> tuple[str, Devices]:
@@ -61,7 +63,7 @@ def virtual_gpus(n: int, memory: int) -> Devices:
     return [(f"virtual-{i}", memory, True) for i in range(n)]
 
 
-def ensure_host(store: PoolStore, host: str) -> HostPool:
+def ensure_host(store: HostPoolStore, host: str) -> HostPool:
     """The host's pool entry, detecting the hardware the first time."""
     hp = store.get_host(host)
     if hp is not None:
@@ -69,3 +71,49 @@ def ensure_host(store: PoolStore, host: str) -> HostPool:
     source, devices = detect_gpus()
     return store.configure_host(host, cpus=float(os.cpu_count() or 1), memory=host_memory(),
                                 devices=devices, source=source)
+
+
+def gpu_processes() -> GpuProcesses:
+    """Processes that use each physical GPU now, as NVML (or nvidia-smi) sees them.
+
+    Used by `segue pool` to show devices that something outside the pool
+    already uses. Empty when there is no driver. Never fails.
+    """
+    try:
+        import pynvml  # nvidia-ml-py
+
+        pynvml.nvmlInit()
+        try:
+            out: GpuProcesses = {}
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                procs = {}
+                for get in (pynvml.nvmlDeviceGetComputeRunningProcesses,
+                            pynvml.nvmlDeviceGetGraphicsRunningProcesses):
+                    for p in get(h):
+                        procs[int(p.pid)] = int(getattr(p, "usedGpuMemory", 0) or 0)
+                out[i] = sorted(procs.items())
+            return out
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # not installed, no driver: try the CLI next
+        pass
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return {}
+    try:
+        idx = subprocess.run([smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        by_uuid = {u.strip(): int(i) for i, u in
+                   (line.split(",", 1) for line in idx.stdout.strip().splitlines())}
+        res = subprocess.run(
+            [smi, "--query-compute-apps=gpu_uuid,pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True)
+        found: GpuProcesses = {i: [] for i in by_uuid.values()}
+        for line in res.stdout.strip().splitlines():
+            uuid, pid, mib = (x.strip() for x in line.split(","))
+            if uuid in by_uuid:
+                found[by_uuid[uuid]].append((int(pid), int(float(mib)) << 20))
+        return found
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return {}

@@ -7,10 +7,14 @@ keeps every decision testable with made-up times (virtual time).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..errors import UsageError
+
+if TYPE_CHECKING:
+    from ..flow.model import StepSpec
 
 PRIORITY_CLASSES: dict[str, int] = {"urgent": 300, "high": 200, "normal": 100, "batch": 0}
 CLASS_STEP = 100
@@ -123,6 +127,7 @@ class Holder:
     work_lost_s: float  # time since its last committed checkpoint
     preemptions: int  # how often it was preempted before
     steps: tuple[str, ...] = field(default=())
+    home: str = ""  # the segue home the run belongs to (the pool is shared by every home)
 
     def key(self) -> tuple[int, float, int, str]:
         return (self.priority, self.work_lost_s, self.preemptions, self.run_id)
@@ -158,3 +163,19 @@ def choose_victims(
         if place(need, trial) is not None:
             chosen = rest
     return chosen
+
+
+def step_need(steps: Mapping[str, StepSpec], step: str, gpus_override: int = -1,
+              gpu_memory_override: int = 0) -> Need:
+    """What one attempt of ``step`` asks the pool for, after the run's --gpus/--gpu-mem.
+
+    ``--gpus N`` applies to the steps that declare GPUs, or to every step when
+    none does (a flow written without GPUs run on N devices).
+    """
+    r = steps[step].resources
+    gpus = r.gpus
+    any_gpu = any(s.resources.gpus for s in steps.values())
+    if gpus_override >= 0 and (r.gpus > 0 or not any_gpu):
+        gpus = gpus_override
+    mem = gpu_memory_override or r.gpu_memory
+    return Need(gpus=gpus, gpu_memory=mem if gpus else None, cpus=r.cpus, memory=r.memory or 0)

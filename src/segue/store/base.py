@@ -4,7 +4,8 @@ The store is the only place where committed metadata lives (invariant 1). Every
 method is one atomic transaction. Methods that take an ``epoch`` are *fenced*:
 they change nothing and raise :class:`~segue.errors.FencedError` unless the
 task's current epoch equals the one given, so a zombie attempt can never
-overwrite newer progress (invariant 2). State changes are validated against
+overwrite newer progress (invariant 2). The refusal itself is recorded as a
+``fenced`` event (its own transaction), so every zombie write is visible. State changes are validated against
 :mod:`segue.states` inside the transaction and each one appends an event.
 
 A store must be rebuildable in another process from its constructor arguments
@@ -13,18 +14,40 @@ A store must be rebuildable in another process from its constructor arguments
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..states import Actor, RunState, TaskState
 
+Clock = Callable[[], float]
+
+CLOCK_FILE_ENV = "SEGUE_CLOCK_FILE"
+
 
 def now() -> float:
-    """Wall-clock seconds. Leases compare wall-clock times across processes."""
-    return time.time()
+    """Wall-clock seconds. Leases compare wall-clock times across processes.
+
+    For tests only, ``SEGUE_CLOCK_FILE`` names a file holding a number of
+    seconds to add. Every process of a run (CLI, controller, workers) inherits
+    the variable and reads the same file, so a test moves time forward for all
+    of them at once instead of sleeping against a lease on a loaded machine.
+    """
+    path = os.environ.get(CLOCK_FILE_ENV)
+    return time.time() + (_clock_offset(path) if path else 0.0)
+
+
+def _clock_offset(path: str) -> float:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except FileNotFoundError:
+        return 0.0
+    # A test rewrites the file atomically (os.replace), so a torn read is impossible.
+    return float(text) if text else 0.0
 
 
 @dataclass(frozen=True)
@@ -138,6 +161,10 @@ class Store(ABC):
     @abstractmethod
     def list_runs(self) -> list[RunRecord]:
         """All runs, newest first."""
+
+    @abstractmethod
+    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: Actor, reason: str) -> RunRecord:
+        """Replace the run's stored options (an operator's change at resume), with an event."""
 
     @abstractmethod
     def transition_run(

@@ -1,20 +1,26 @@
-"""The resource-pool part of the store contract: devices, allocations, queue, statistics.
+"""The host pool contract: devices, allocations, the queue and preemption requests.
 
-Allocations are what make "nothing is ever allocated twice" hold across
-processes: a placement reads what is free and records the allocation in one
-write transaction, together with the start of the attempt that uses it. An
-allocation lives as long as its attempt's lease (heartbeats renew both), so a
-crashed holder's devices return to the pool when its lease expires.
+Devices are a machine resource, so the pool is shared by every segue home on
+the host (see :mod:`segue.store.hostpool` for where it lives). Runs are named
+in it by ``(home, run_id)``: two homes may both have a run called ``train``.
+
+Placement happens in two transactions on two databases, so it is made safe by
+leases rather than by one transaction: the pool first allocates devices under
+a short lease (``allocate``), the home store then starts the attempt (epoch +
+1), and the pool binds the allocation to that epoch (``bind``). If starting
+fails the allocation is released; if the process dies in between, the lease
+runs out and the devices return by themselves. Nothing is ever allocated twice
+because ``allocate`` reads the free capacity and inserts the allocation in one
+``BEGIN IMMEDIATE`` transaction of the pool database.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..scheduler.policy import Capacity, Need
-from ..states import Actor
 from .base import TaskRecord
 
 
@@ -41,9 +47,10 @@ class HostPool:
 class AllocationRecord:
     id: int
     host: str
+    home: str
     run_id: str
     step: str
-    epoch: int
+    epoch: int | None  # None until the home store started the attempt (``bind``)
     devices: tuple[int, ...]
     cpus: float
     memory: int
@@ -52,6 +59,8 @@ class AllocationRecord:
     since: float
     lease_until: float
     released_at: float | None
+    ckpt_at: float | None  # the holder's last committed checkpoint (for victim choice)
+    preemptions: int  # how often the holder's run was preempted before
 
     def live(self, at: float) -> bool:
         return self.released_at is None and self.lease_until > at
@@ -59,6 +68,7 @@ class AllocationRecord:
 
 @dataclass(frozen=True)
 class RequestRecord:
+    home: str
     run_id: str
     step: str
     host: str
@@ -70,7 +80,30 @@ class RequestRecord:
 
 
 @dataclass(frozen=True)
+class PreemptionRequest:
+    """Posted by a preemptor for a victim run; the victim's own controller acts on it."""
+
+    id: int
+    home: str
+    run_id: str
+    by_home: str
+    by_run: str
+    reason: str
+    created_at: float
+    lease_until: float
+    outcome: str | None  # None while unhandled; "accepted" or "refused: ..."
+
+
+@dataclass(frozen=True)
+class Allocated:
+    id: int
+    devices: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Placement:
+    """A started attempt and the devices it holds."""
+
     task: TaskRecord
     devices: tuple[int, ...]
 
@@ -78,9 +111,12 @@ class Placement:
 @dataclass(frozen=True)
 class Denied:
     reason: str
+    never: bool = False  # it can never fit on this host as configured
 
 
-class PoolStore(ABC):
+class HostPoolStore(ABC):
+    """The host-wide pool. Every method is one transaction."""
+
     @abstractmethod
     def configure_host(
         self, host: str, *, cpus: float, memory: int,
@@ -92,51 +128,77 @@ class PoolStore(ABC):
     def get_host(self, host: str) -> HostPool | None: ...
 
     @abstractmethod
-    def list_hosts(self) -> list[HostPool]: ...
+    def free_capacity(self, host: str, home: str | None = None) -> Capacity:
+        """What no live allocation holds on the host right now: devices of every
+        home; cpus and memory of ``home`` (of every home when None)."""
 
     @abstractmethod
-    def free_capacity(self, host: str) -> Capacity:
-        """What no live allocation holds on the host right now."""
-
-    @abstractmethod
-    def try_start_attempt(
-        self, run_id: str, step: str, *, host: str, need: Need, priority: int,
-        preemptible: bool, ttl_s: float, actor: Actor,
-    ) -> Placement | Denied:
-        """Place ``need`` and start the attempt in one transaction, or say why not.
+    def allocate(
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        preemptible: bool, ttl_s: float,
+    ) -> Allocated | Denied:
+        """Place ``need`` under a lease of ``ttl_s``, or say why not.
 
         Denied when it does not fit, or when a better-ranked live request
-        (higher priority, or equal priority and older) would fit in the same
-        free capacity: priority order, FIFO within a class.
+        (higher priority, or equal priority, older, and fitting) waits.
         """
 
     @abstractmethod
-    def release_allocation(self, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
+    def bind(self, alloc_id: int, epoch: int, ttl_s: float) -> bool:
+        """Tie a fresh allocation to the attempt's epoch; False if its lease ran out first."""
+
+    @abstractmethod
+    def renew(self, home: str, run_id: str, step: str, epoch: int, *, ttl_s: float,
+              ckpt_at: float | None, preemptions: int) -> bool:
+        """Extend a live allocation's lease; False if it is gone (released or expired)."""
+
+    @abstractmethod
+    def release(self, home: str, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
         """Return the attempt's resources (call once its process has exited)."""
 
     @abstractmethod
-    def list_allocations(self, host: str | None = None, *, live_only: bool = True) -> list[AllocationRecord]:
+    def release_id(self, alloc_id: int) -> None: ...
+
+    @abstractmethod
+    def list_allocations(self, host: str | None = None, *, live_only: bool = True
+                         ) -> list[AllocationRecord]:
         """Allocations, oldest first; with live_only=False the whole history."""
 
     @abstractmethod
     def upsert_request(
-        self, run_id: str, step: str, *, host: str, need: Need, priority: int, reason: str,
-        ttl_s: float,
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        reason: str, ttl_s: float,
     ) -> RequestRecord:
-        """Record (or refresh) that a task waits for resources; keeps its submission time."""
+        """Record (or refresh) that a task waits; a live request keeps its place in line."""
 
     @abstractmethod
-    def drop_request(self, run_id: str, step: str | None = None) -> None: ...
+    def drop_requests(self, home: str, run_id: str, step: str | None = None) -> None: ...
 
     @abstractmethod
     def list_requests(self, host: str | None = None) -> list[RequestRecord]:
         """Live waiting requests, best-ranked first."""
 
     @abstractmethod
-    def add_stats(self, run_id: str, deltas: Mapping[str, float]) -> None: ...
+    def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
+                           reason: str, ttl_s: float) -> PreemptionRequest: ...
 
     @abstractmethod
-    def set_stats(self, run_id: str, values: Mapping[str, float]) -> None: ...
+    def pending_preemptions(self, home: str, run_id: str) -> list[PreemptionRequest]:
+        """Live, unhandled preemption requests for a run, oldest first."""
 
     @abstractmethod
-    def get_stats(self, run_id: str) -> dict[str, float]: ...
+    def preemption(self, request_id: int) -> PreemptionRequest | None: ...
+
+    @abstractmethod
+    def answer_preemption(self, request_id: int, outcome: str) -> None: ...
+
+    @abstractmethod
+    def park(self, home: str, run_id: str) -> None:
+        """Remember a run paused by preemption, so any controller can wake it if its own dies."""
+
+    @abstractmethod
+    def unpark(self, home: str, run_id: str) -> None: ...
+
+    @abstractmethod
+    def parked(self) -> list[tuple[str, str]]:
+        """(home, run_id) of runs paused by preemption, oldest first."""

@@ -21,6 +21,7 @@ from .._canon import canonical_json
 from .._faults import fault_point
 from ..errors import (
     ControllerConflictError,
+    FencedError,
     IllegalTransitionError,
     RunExistsError,
     StoreError,
@@ -28,6 +29,7 @@ from ..errors import (
 from ..states import Actor, RunState, TaskState, check_run, check_task
 from .base import (
     CheckpointRecord,
+    Clock,
     Event,
     Heartbeat,
     NewRun,
@@ -66,8 +68,13 @@ _NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 class SQLiteStore(SQLitePoolMixin, Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
         self.path = Path(path)
+        # Every lease and expiry is computed from this clock (time is a
+        # dependency): tests pass a virtual one instead of sleeping. A store
+        # rebuilt in another process from its path gets the default clock,
+        # which follows SEGUE_CLOCK_FILE there.
+        self._clock = clock
         self._local = threading.local()
         # Open (and migrate) now, so a database that is too new or unreadable
         # fails at construction rather than at the first query.
@@ -133,10 +140,36 @@ class SQLiteStore(SQLitePoolMixin, Store):
             # before COMMIT leaves no trace and no lock behind.
             fault_point("store.before_commit")
             conn.execute("COMMIT")
-        except BaseException:
+        except BaseException as exc:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
+            if isinstance(exc, FencedError):
+                self._record_refusal(exc)
             raise
+
+    def _record_refusal(self, exc: FencedError) -> None:
+        """Append a ``fenced`` event for a write refused to a stale epoch.
+
+        The refused transaction rolled back, so this is a transaction of its
+        own. It makes every zombie's refused commit visible (``segue events``,
+        and tests count them to prove a zombie really tried and was stopped).
+        Best effort: failing to record must never hide the FencedError itself.
+        """
+        fence = getattr(exc, "fence", None)
+        if not fence:
+            return
+        conn = self._conn()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            _insert_event(
+                conn, fence["run_id"], "fenced", step=fence.get("step"), actor=fence["actor"],
+                reason=f"write refused: {exc}", t=self._clock(),
+                data={"epoch": fence["epoch"], "current": fence["current"]},
+            )
+            conn.execute("COMMIT")
+        except sqlite3.Error:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -155,7 +188,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
         dup = sorted({s for s in steps if steps.count(s) > 1})
         if dup:
             raise ValueError(f"run {run.run_id!r}: step names must be unique; repeated: {dup}")
-        t = now()
+        t = self._clock()
         with self._write() as conn:
             if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run.run_id,)).fetchone():
                 raise RunExistsError(run.run_id)
@@ -187,6 +220,15 @@ class SQLiteStore(SQLitePoolMixin, Store):
             rows = conn.execute("SELECT * FROM runs ORDER BY created_at DESC, rowid DESC")
             return [_run_record(r) for r in rows]
 
+    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: Actor, reason: str) -> RunRecord:
+        with self._write() as conn:
+            _fetch_run(conn, run_id)
+            t = self._clock()
+            conn.execute("UPDATE runs SET options = ?, updated_at = ? WHERE run_id = ?",
+                         (canonical_json(options), t, run_id))
+            _insert_event(conn, run_id, "options", actor=actor, reason=reason, t=t, data=dict(options))
+            return _run_record(_fetch_run(conn, run_id))
+
     def transition_run(
         self,
         run_id: str,
@@ -211,7 +253,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
                 raise IllegalTransitionError(
                     "a run", cur.value, to.value, f"this change is only allowed from {allowed}"
                 )
-            t = now()
+            t = self._clock()
             conn.execute(
                 "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",
                 (to.value, t, run_id),
@@ -228,7 +270,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
     ) -> int:
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
-            t = now()
+            t = self._clock()
             lease = row["controller_lease_until"]
             live = lease is not None and lease > t
             if live and not steal:
@@ -263,7 +305,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
             _check_controller_epoch(run_id, row, epoch)
-            t = now()
+            t = self._clock()
             conn.execute(
                 "UPDATE runs SET controller_lease_until = ?, updated_at = ? WHERE run_id = ?",
                 (t + ttl_s, t, run_id),
@@ -275,7 +317,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
             row = _fetch_run(conn, run_id)
             if row["controller_epoch"] != epoch or row["controller_lease_until"] is None:
                 return  # superseded or already released: nothing of ours to give up
-            t = now()
+            t = self._clock()
             conn.execute(
                 "UPDATE runs SET controller_pid = NULL, controller_host = NULL,"
                 " controller_lease_until = NULL, updated_at = ? WHERE run_id = ?",
@@ -331,7 +373,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
                 raise IllegalTransitionError(
                     "a task", cur.value, to.value, f"this change is only allowed from {allowed}"
                 )
-            t = now()
+            t = self._clock()
             failures = 0 if reset_failures else int(row["failures"])
             changes: dict[str, Any] = {
                 "state": to.value,
@@ -357,19 +399,19 @@ class SQLiteStore(SQLitePoolMixin, Store):
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
         with self._write() as conn:
-            return start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor)
+            return start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor, t=self._clock())
 
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
             _check_epoch(run_id, step, row, epoch, need_running=True)
-            _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": now()})
+            _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": self._clock()})
 
     def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
             _check_epoch(run_id, step, row, epoch, need_running=True)
-            t = now()
+            t = self._clock()
             lease = t + ttl_s
             _update_task(conn, run_id, step, {"lease_until": lease, "updated_at": t})
             # The attempt's device allocation lives exactly as long as its lease.
@@ -389,7 +431,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
             _check_epoch(run_id, step, row, epoch)
             _update_task(
                 conn, run_id, step,
-                {"progress_done": done, "progress_total": total, "updated_at": now()},
+                {"progress_done": done, "progress_total": total, "updated_at": self._clock()},
             )
 
     def commit_checkpoint(
@@ -415,7 +457,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
                     f"checkpoint seq {seq} of step {step!r} in run {run_id!r} does not exceed "
                     f"the newest recorded seq {newest}; each checkpoint needs a larger seq"
                 )
-            t = now()
+            t = self._clock()
             conn.execute(
                 "INSERT INTO checkpoints (run_id, step, seq, epoch, path, created_at, position,"
                 " nbytes, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'committed')",
@@ -478,7 +520,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
                 raise StoreError(f"run {run_id!r} has no checkpoint {seq} of step {step!r}")
             if row["status"] == status:
                 return
-            t = now()
+            t = self._clock()
             conn.execute(
                 "UPDATE checkpoints SET status = ? WHERE run_id = ? AND step = ? AND seq = ?",
                 (status, run_id, step, seq),
@@ -496,7 +538,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
             _check_epoch(run_id, step, row, epoch)
             cur = TaskState(row["state"])
             check_task(cur, TaskState.SUCCEEDED)  # the table allows it only from RUNNING
-            t = now()
+            t = self._clock()
             _update_task(
                 conn, run_id, step,
                 {
@@ -532,7 +574,7 @@ class SQLiteStore(SQLitePoolMixin, Store):
             else:
                 _fetch_task(conn, run_id, step)
             return _insert_event(
-                conn, run_id, kind, step=step, actor=actor, reason=reason, t=now(), data=data
+                conn, run_id, kind, step=step, actor=actor, reason=reason, t=self._clock(), data=data
             )
 
     def list_events(self, run_id: str, *, after_id: int = 0) -> list[Event]:

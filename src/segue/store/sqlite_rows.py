@@ -69,26 +69,40 @@ def _check_epoch(
 ) -> None:
     cur = int(row["epoch"])
     if cur != epoch:
-        raise FencedError(
+        raise _fenced(
             f"attempt epoch {epoch} of step {step!r} in run {run_id!r} was superseded by "
-            f"epoch {cur}; this attempt must stop"
+            f"epoch {cur}; this attempt must stop",
+            run_id=run_id, step=step, actor=Actor.WORKER, epoch=epoch, current=cur,
         )
     if need_running and row["state"] != TaskState.RUNNING.value:
         # Someone (pause deadline, failure detector) took the task from this
         # attempt without starting a new one; it must not re-claim a lease.
-        raise FencedError(
+        raise _fenced(
             f"attempt epoch {epoch} of step {step!r} in run {run_id!r} no longer holds "
-            f"the task (now {row['state']}); this attempt must stop"
+            f"the task (now {row['state']}); this attempt must stop",
+            run_id=run_id, step=step, actor=Actor.WORKER, epoch=epoch, current=cur,
         )
 
 
 def _check_controller_epoch(run_id: str, row: sqlite3.Row, epoch: int) -> None:
     cur = int(row["controller_epoch"])
     if cur != epoch:
-        raise FencedError(
+        raise _fenced(
             f"controller epoch {epoch} of run {run_id!r} was superseded by epoch {cur}; "
-            "this controller must stop"
+            "this controller must stop",
+            run_id=run_id, step=None, actor=Actor.CONTROLLER, epoch=epoch, current=cur,
         )
+
+
+def _fenced(
+    msg: str, *, run_id: str, step: str | None, actor: Actor, epoch: int, current: int
+) -> FencedError:
+    """A FencedError carrying what the store records about the refusal."""
+    err = FencedError(msg)
+    err.fence = {  # type: ignore[attr-defined]
+        "run_id": run_id, "step": step, "actor": actor, "epoch": epoch, "current": current,
+    }
+    return err
 
 
 # -- helpers: writes inside a transaction -------------------------------------------
@@ -206,14 +220,14 @@ def _event(r: sqlite3.Row) -> Event:
 
 def start_attempt_in(
     conn: sqlite3.Connection, run_id: str, step: str, *, ttl_s: float, actor: Actor,
-    data: dict[str, Any] | None = None,
+    data: dict[str, Any] | None = None, t: float | None = None,
 ) -> TaskRecord:
     """The body of start_attempt, inside the caller's write transaction."""
     row = _fetch_task(conn, run_id, step)
     cur = TaskState(row["state"])
     # The table allows RUNNING only from PENDING and RETRYING.
     check_task(cur, TaskState.RUNNING)
-    t = now()
+    t = now() if t is None else t  # the store's clock, so leases follow virtual time in tests
     epoch = int(row["epoch"]) + 1
     attempts = int(row["attempts"]) + 1
     _update_task(

@@ -3,34 +3,46 @@
 Each run gets its own sandbox directory (its working directory and its segue
 home), so relative sink paths of the two runs never meet. The faulted run is
 driven as an operator would: detached controllers, SIGKILLs of workers and
-controllers at seeded random moments, pause/resume cycles, and resumes after
-each crash. The moments are spread over the clean run's duration.
+controllers, pause/resume cycles, and resumes after each crash.
+
+Faults are planned at seeded points of the run's progress (a fraction of the
+work the clean run reported through ``ctx.progress``; for flows that report
+none, of the clean run's duration) and fire when the faulted run gets there,
+so where they land does not depend on how fast the machine is. The report counts the
+faults that *landed*: a kill lands when the process it aimed at was alive
+(the same process: its start time is checked against pid reuse) and is dead
+after the signal; a worker is only aimed at once it checkpointed or
+heartbeat (past its start-up); a pause lands when the run reached PAUSED.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UsageError
 from ..home import Home
-from ..run.procs import pid_alive, wait_dead
+from ..run.procs import controller_alive, pid_alive, wait_dead
+from ..states import RunState, TaskState
 from .compare import Diff, compare, snapshot
+from .reaper import MARK
 
 RUN_ID = "verify"
+KINDS = ("worker", "controller", "pause")
 
 
 @dataclass
 class Fault:
-    at_s: float
+    at: float  # a fraction of the run's work, in [0.05, 0.9]
     kind: str  # "worker" | "controller" | "pause"
 
 
@@ -43,22 +55,47 @@ class Report:
     work_redone_s: float = 0.0
     clean_state: str = ""
     faulted_state: str = ""
+    paused_s: float = 0.0
+    min_faults: int | None = None  # None: every planned fault must land
+
+    @property
+    def planned(self) -> int:
+        return len(self.faults)
+
+    @property
+    def landed(self) -> int:
+        return sum(1 for f in self.faults if f["landed"])
+
+    @property
+    def enough_faults(self) -> bool:
+        need = self.planned if self.min_faults is None else self.min_faults
+        return self.landed >= need
+
+    @property
+    def identical(self) -> bool:
+        return self.diff.identical and self.clean_state == self.faulted_state == "SUCCEEDED"
 
     @property
     def ok(self) -> bool:
-        return self.diff.identical and self.clean_state == self.faulted_state == "SUCCEEDED"
+        """Identical outputs, proven under at least the faults asked for."""
+        return self.identical and self.enough_faults
 
     def to_json(self) -> dict[str, Any]:
         d = self.diff
-        counts: dict[str, int] = {}
-        for f in self.faults:
-            if f["done"]:
-                counts[f["kind"]] = counts.get(f["kind"], 0) + 1
+        planned = Counter(f["kind"] for f in self.faults)
+        landed = Counter(f["kind"] for f in self.faults if f["landed"])
         return {
             "ok": self.ok,
+            "identical": self.identical,
             "clean_state": self.clean_state,
             "faulted_state": self.faulted_state,
-            "faults_injected": counts,
+            "faults_planned": {k: planned[k] for k in KINDS if planned[k]},
+            "faults_landed": {k: landed[k] for k in KINDS if landed[k]},
+            "faults_injected": {k: landed[k] for k in KINDS if landed[k]},  # older name of landed
+            "faults_missed": [f for f in self.faults if not f["landed"]],
+            "min_faults": self.planned if self.min_faults is None else self.min_faults,
+            "enough_faults": self.enough_faults,
+            "faults": self.faults,
             "records_compared": d.records,
             "records_lost": d.lost,
             "records_duplicated": d.duplicated,
@@ -73,25 +110,27 @@ class Report:
             "work_redone_s": round(self.work_redone_s, 3),
         }
 
-    paused_s: float = 0.0
 
-
-def plan(seed: int, kills: int, pauses: int, duration_s: float, controller_share: float = 0.25) -> list[Fault]:
-    """The seeded schedule of faults over [5%, 90%] of the clean run's duration."""
+def plan(seed: int, kills: int, pauses: int, controller_share: float = 0.25) -> list[Fault]:
+    """The seeded schedule of faults over [5%, 90%] of the run's work."""
     rnd = random.Random(seed)
     faults = []
     for _ in range(kills):
         kind = "controller" if rnd.random() < controller_share else "worker"
-        faults.append(Fault(rnd.uniform(0.05, 0.9) * duration_s, kind))
+        faults.append(Fault(rnd.uniform(0.05, 0.9), kind))
     for _ in range(pauses):
-        faults.append(Fault(rnd.uniform(0.05, 0.9) * duration_s, "pause"))
-    return sorted(faults, key=lambda f: f.at_s)
+        faults.append(Fault(rnd.uniform(0.05, 0.9), "pause"))
+    return sorted(faults, key=lambda f: f.at)
 
 
 class _Cli:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, sandbox: Path) -> None:
         self.workdir = workdir
-        self.env = {**os.environ, "SEGUE_HOME": str(workdir / ".segue"), "PYTHONUNBUFFERED": "1"}
+        # MARK: every process started from here carries it, so the reaper finds
+        # them all (segue.verify.reaper), whatever ends the verify.
+        self.env = {**os.environ, "SEGUE_HOME": str(workdir / ".segue"), "PYTHONUNBUFFERED": "1",
+                    MARK: str(sandbox)}
+        self._store: Any = None
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([sys.executable, "-m", "segue", *args], cwd=self.workdir, env=self.env,
@@ -100,8 +139,16 @@ class _Cli:
             raise RuntimeError(f"segue {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
         return proc
 
-    def status(self) -> dict[str, Any]:
-        return json.loads(self("status", RUN_ID, "--json").stdout)
+    @property
+    def store(self) -> Any:
+        # Read directly (milliseconds), not through `segue status` (a process
+        # start): faults are gated on progress, polled often.
+        if self._store is None:
+            self._store = Home.resolve(self.workdir / ".segue").open_store()
+        return self._store
+
+    def state(self) -> RunState:
+        return self.store.get_run(RUN_ID).state
 
 
 def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
@@ -114,108 +161,182 @@ def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
 def run_verify(
     flow: Path, params: Sequence[str], *, kills: int, pauses: int, seed: int, base: Path,
     log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
-    timeout_s: float = 3600,
+    timeout_s: float = 3600, min_faults: int | None = None,
 ) -> Report:
     flow = flow.resolve()
     clean_dir, faulted_dir = base / "clean", base / "faulted"
     clean_dir.mkdir(parents=True)
     faulted_dir.mkdir(parents=True)
-    clean = _Cli(clean_dir)
+    clean = _Cli(clean_dir, base)
     log("clean run ...")
     t0 = time.monotonic()
-    clean(*_run_args(flow, params), check=False)
+    proc = clean(*_run_args(flow, params), check=False)
     clean_s = time.monotonic() - t0
-    clean_state = clean.status()["state"]
+    if proc.returncode == 2:  # refused at submit (say, a need the pool cannot meet): say why
+        raise UsageError(proc.stderr.strip().removeprefix("segue: ") or "the clean run was refused")
+    clean_state = clean.state().value
+    totals = {t.step: float(t.progress_total) for t in clean.store.get_tasks(RUN_ID)
+              if t.progress_total}
     log(f"clean run {clean_state} in {clean_s:.1f}s")
 
-    faults = plan(seed, kills, pauses, clean_s)
-    cli = _Cli(faulted_dir)
+    faults = plan(seed, kills, pauses)
+    cli = _Cli(faulted_dir, base)
     log(f"faulted run with {kills} kills and {pauses} pause/resume cycles (seed {seed}) ...")
+    deadline = time.monotonic() + timeout_s
     t0 = time.monotonic()
     cli(*_run_args(flow, params), "--detach")
     report_faults: list[dict[str, Any]] = []
-    paused_s = 0.0
+    clock = _Progress(clean_s, t0, totals)
     for f in faults:
-        while time.monotonic() - t0 - paused_s < f.at_s:
-            time.sleep(0.01)
-        # Wait for a target (a worker that is running, a live controller) or the end.
-        while True:
-            doc = cli.status()
-            if doc["state"] in ("SUCCEEDED", "CANCELLED") or _has_target(doc, f.kind):
-                break
-            if doc["state"] in ("FAILED", "PAUSED") or (
-                doc["state"] in ("RUNNING", "PAUSING") and not doc["controller"]["alive"]
-            ):
-                cli("resume", RUN_ID, "--detach", check=False)
-                time.sleep(0.2)
-            time.sleep(0.01)
-        if doc["state"] in ("SUCCEEDED", "CANCELLED"):
-            report_faults.append({"kind": f.kind, "at_s": f.at_s, "done": False, "why": "run already ended"})
-            continue
-        done, detail = _inject(cli, doc, f)
-        if f.kind == "pause" and done:
-            paused_s += float(detail.get("paused_s", 0.0))
-        report_faults.append({"kind": f.kind, "at_s": round(f.at_s, 3), "done": done, **detail})
-        log(f"  {f.kind:<10} at {f.at_s:6.2f}s: {'injected' if done else 'skipped'} {detail}")
-    deadline = time.monotonic() + timeout_s
-    while True:
-        doc = cli.status()
-        if doc["state"] in ("SUCCEEDED", "CANCELLED"):
-            break
-        if doc["state"] in ("FAILED", "PAUSED") or (
-            doc["state"] in ("RUNNING", "PAUSING") and not doc["controller"]["alive"]
-        ):
-            # Kills count against retries; an operator would resume.
-            cli("resume", RUN_ID, "--detach", check=False)
-            time.sleep(0.2)
-        if time.monotonic() > deadline:
+        entry: dict[str, Any] = {"kind": f.kind, "at": round(f.at, 3)}
+        target = _wait_for(cli, clock, f, deadline)
+        if target is None:
+            entry.update(landed=False, why=f"the run was {cli.state().value} before it got there")
+        else:
+            landed, detail = _inject(cli, target, f)
+            entry.update(landed=landed, **detail)
+            if f.kind == "pause" and landed:
+                clock.paused_s += float(detail.get("paused_s", 0.0))
+        report_faults.append(entry)
+        log(f"  {f.kind:<10} at {100 * f.at:4.0f}%: {'landed' if entry['landed'] else 'missed'} "
+            f"{ {k: v for k, v in entry.items() if k not in ('kind', 'at', 'landed')} }")
+    while time.monotonic() < deadline:
+        state = _keep_going(cli)
+        if state in (RunState.SUCCEEDED, RunState.CANCELLED):
             break
         time.sleep(0.05)
     faulted_s = time.monotonic() - t0
-    faulted_state = cli.status()["state"]
+    faulted_state = cli.state().value
     log(f"faulted run {faulted_state} in {faulted_s:.1f}s")
 
     a = snapshot(clean_dir, Home.resolve(clean_dir / ".segue"), RUN_ID)
     b = snapshot(faulted_dir, Home.resolve(faulted_dir / ".segue"), RUN_ID)
     rep = Report(clean_s=clean_s, faulted_s=faulted_s, faults=report_faults,
                  diff=compare(a, b, ignore_outputs=ignore_outputs), clean_state=clean_state,
-                 faulted_state=faulted_state, paused_s=paused_s)
-    rep.work_redone_s = float(cli.status().get("accounting", {}).get("work_redone_seconds", 0.0))
+                 faulted_state=faulted_state, paused_s=clock.paused_s, min_faults=min_faults)
+    stats = getattr(cli.store, "get_stats", lambda r: {})(RUN_ID)
+    rep.work_redone_s = float(stats.get("work_redone_s", 0.0))
     return rep
 
 
-def _has_target(doc: dict[str, Any], kind: str) -> bool:
-    if doc["state"] != "RUNNING" or not doc["controller"]["alive"]:
-        return False
-    if kind == "worker":
-        return any(s["state"] == "RUNNING" and s["pid"] for s in doc["steps"])
-    return True
+@dataclass
+class _Progress:
+    """How far the faulted run is, as a fraction of the clean run's work.
+
+    If steps of the clean run reported progress totals, the fraction is the
+    faulted run's progress over those totals (a step counts fully once it
+    succeeded): the moment does not depend on the machine's speed. Otherwise
+    it is the active time over the clean run's duration.
+    """
+
+    clean_s: float
+    t0: float
+    totals: dict[str, float]  # step -> progress total reported in the clean run
+    paused_s: float = 0.0
+    first_lease: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    def working(self, store: Any, t: Any) -> bool:
+        """Whether the attempt is past its start-up: it committed a checkpoint or heartbeat.
+
+        A worker killed while it still imports would prove little; one that
+        checkpoints or renews its lease runs the step's code (observed, not
+        assumed from a delay).
+        """
+        first = self.first_lease.setdefault((t.step, t.epoch), t.lease_until or 0.0)
+        if (t.lease_until or 0.0) > first:
+            return True
+        return any(c.epoch == t.epoch for c in store.list_checkpoints(RUN_ID, t.step))
+
+    def fraction(self, tasks: list[Any]) -> float:
+        if not self.totals:
+            return (time.monotonic() - self.t0 - self.paused_s) / max(self.clean_s, 1e-3)
+        done = 0.0
+        for t in tasks:
+            total = self.totals.get(t.step)
+            if total is None:
+                continue
+            done += total if t.state == TaskState.SUCCEEDED else min(t.progress_done or 0.0, total)
+        return done / sum(self.totals.values())
 
 
-def _inject(cli: _Cli, doc: dict[str, Any], f: Fault) -> tuple[bool, dict[str, Any]]:
-    if f.kind == "worker":
-        running = [s for s in doc["steps"] if s["state"] == "RUNNING" and s["pid"]]
-        if not running:
-            return False, {"why": "no worker running"}
-        s = running[0]
-        try:
-            os.kill(s["pid"], signal.SIGKILL)
-        except ProcessLookupError:
-            return False, {"why": "worker already gone"}
-        return True, {"step": s["name"], "pid": s["pid"]}
-    if f.kind == "controller":
-        pid = doc["controller"]["pid"]
-        if not doc["controller"]["alive"] or not pid_alive(pid):
-            return False, {"why": "no controller alive"}
-        os.kill(pid, signal.SIGKILL)
-        wait_dead(pid, 5)
+def _keep_going(cli: _Cli) -> RunState:
+    """Resume the run as an operator would when nothing drives it; returns its state."""
+    run = cli.store.get_run(RUN_ID)
+    if run.state in (RunState.FAILED, RunState.PAUSED) or (
+        run.state in (RunState.RUNNING, RunState.PAUSING) and not controller_alive(run)
+    ):
+        # Kills count against retries; an operator would resume.
         cli("resume", RUN_ID, "--detach", check=False)
-        return True, {"pid": pid}
-    # pause / resume cycle
+        wait_dead_or_driven(cli)
+    return cli.state()
+
+
+def wait_dead_or_driven(cli: _Cli, timeout_s: float = 30.0) -> None:
+    """After a resume: wait until a controller holds the run (or it rests), so we do not resume twice."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        run = cli.store.get_run(RUN_ID)
+        if controller_alive(run) or run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
+            return
+        time.sleep(0.02)
+
+
+def _wait_for(cli: _Cli, clock: _Progress, f: Fault, deadline: float) -> dict[str, Any] | None:
+    """Wait until the run reached the fault's point and has a target; None if it ended first."""
+    while time.monotonic() < deadline:
+        state = _keep_going(cli)
+        if state in (RunState.SUCCEEDED, RunState.CANCELLED):
+            return None
+        run = cli.store.get_run(RUN_ID)
+        tasks = cli.store.get_tasks(RUN_ID)
+        if clock.fraction(tasks) >= f.at and run.state == RunState.RUNNING and controller_alive(run):
+            if f.kind != "worker":
+                return {"controller": run.controller_pid}
+            running = [t for t in tasks if t.state == TaskState.RUNNING and t.pid and pid_alive(t.pid)
+                       and clock.working(cli.store, t)]
+            if running:
+                return {"controller": run.controller_pid, "step": running[0].step,
+                        "worker": running[0].pid}
+        time.sleep(0.005)
+    return None
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[19].decode()
+    except (OSError, IndexError):
+        return None
+
+
+def _kill(pid: int) -> tuple[bool, str]:
+    """SIGKILL ``pid``; landed if it was alive right before and is dead after."""
+    born = _start_time(pid)
+    if born is None or not pid_alive(pid):
+        return False, "the process was already gone"
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return False, "the process was already gone"
+    if not wait_dead(pid, 10.0) and _start_time(pid) == born:
+        return False, "the process survived SIGKILL for 10s"
+    return True, ""
+
+
+def _inject(cli: _Cli, target: dict[str, Any], f: Fault) -> tuple[bool, dict[str, Any]]:
+    if f.kind in ("worker", "controller"):
+        pid = target["worker"] if f.kind == "worker" else target["controller"]
+        landed, why = _kill(pid)
+        detail: dict[str, Any] = {"pid": pid}
+        if f.kind == "worker":
+            detail["step"] = target["step"]
+        if not landed:
+            detail["why"] = why
+        return landed, detail
     t = time.monotonic()
     proc = cli("pause", RUN_ID, "--wait", "--timeout", "120", check=False)
-    if proc.returncode != 0:
-        return False, {"why": proc.stderr.strip() or proc.stdout.strip()}
     paused = time.monotonic() - t
-    cli("resume", RUN_ID, "--detach", check=False)
-    return True, {"paused_s": round(paused, 3)}
+    if proc.returncode != 0:
+        return False, {"why": (proc.stderr.strip() or proc.stdout.strip()).removeprefix("segue: ")}
+    return True, {"paused_s": round(paused, 3)}  # _keep_going resumes it

@@ -103,15 +103,34 @@ def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
         if t.output_ref is not None:
             value = ckpt.load(storage, t.output_ref).state["value"]
             snap.outputs[t.step] = _norm(value, str(workdir.resolve()))
+    snap.files = snapshot_files(workdir)
+    return snap
+
+
+def snapshot_files(workdir: Path) -> dict[str, Counter[str]]:
+    """The records of every file under ``workdir``, pooled per directory for record files.
+
+    In a segue sink's directory only the published set counts (the parts of
+    the run that owns it, segue.data.sinks.owner): parts of a run an
+    overwrite replaced, or of a writer that lost the directory, are not output.
+    """
+    from ..data.sinks.owner import unpublished
+
+    files: dict[str, Counter[str]] = {}
+    hidden: dict[Path, set[str]] = {}
     for p in sorted(workdir.rglob("*")):
         rel = p.relative_to(workdir)
         if not p.is_file() or any(part.startswith(".") for part in rel.parts) or set(rel.parts) & SKIP_DIRS:
             continue
+        if p.parent not in hidden:
+            hidden[p.parent] = unpublished(str(p.parent))
+        if p.name in hidden[p.parent]:
+            continue
         # Record files are pooled per directory: how a sink cuts its output into
         # part files depends on when checkpoints happened, not on the records.
         key = (rel.parent.as_posix() + "/*" + p.suffix) if p.suffix in RECORD_SUFFIXES else rel.as_posix()
-        snap.files.setdefault(key, Counter()).update(_file_records(p))
-    return snap
+        files.setdefault(key, Counter()).update(_file_records(p))
+    return files
 
 
 @dataclass

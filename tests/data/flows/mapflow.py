@@ -2,9 +2,14 @@
 
 The transform is deterministic, so a clean run and a run under any number of
 SIGKILLs and pauses must publish the same set of records.
+
+``hold=PATH`` with ``hold_k=K``: the record with key K waits until PATH exists
+(a pause while held ends at the pause deadline), so a campaign's faults all
+land before the run can finish, however fast or slow the machine is.
 """
 
 import json
+import os
 import sqlite3
 import time
 
@@ -12,7 +17,7 @@ from segue import Flow
 from segue.data import ExternalCallSink, JsonlSink, JsonlSource, ParquetSink, SqlSink, run_map
 
 flow = Flow("datamap", params={"input": "", "out": "", "sink": "jsonl", "sleep_every": 0,
-                               "shard_bytes": 200_000})
+                               "shard_bytes": 200_000, "hold": "", "hold_k": -1})
 
 
 class FileReceiver:
@@ -51,6 +56,13 @@ def transform(ctx):
     seen = [0]
 
     def fn(r):
+        if p["hold"] and r["k"] == p["hold_k"]:
+            # Tell the campaign this attempt is held: it cannot checkpoint any more until released.
+            open(f"{p['hold']}.held-{ctx.epoch}", "w").close()
+            # Not even a pause lets it through (a paused step must not finish): a pause
+            # while held ends at the pause deadline, which parks the attempt.
+            while not os.path.exists(p["hold"]):
+                time.sleep(0.01)
         if every:
             seen[0] += 1
             if seen[0] % every == 0:

@@ -15,7 +15,7 @@ Life of a sink inside :func:`segue.data.run_map`::
     finish()                       the step is done: drop the staging area
 
 Staged names carry (run, step, epoch, part); published names are
-deterministic (``part-SHARD-PART``), so a publish repeated after a crash is a
+deterministic (``part-TAG-SHARD-PART``), so a publish repeated after a crash is a
 no-op. A sink never publishes anything the step has not committed.
 """
 
@@ -71,6 +71,12 @@ class Sink(ABC):
     @abstractmethod
     def publish(self) -> None:
         """Publish the pending parts; call only after the checkpoint committed."""
+
+    def preflight(self, run_id: str, step: str) -> None:  # noqa: B027 - optional hook
+        """Raise SinkOwnedError if ``open`` would refuse this run's step; writes nothing.
+
+        Lets ``segue run`` refuse a run at submit (exit 2) when its sinks are
+        known then (``@flow.map`` declarations)."""
 
     def finish(self) -> None:  # noqa: B027 - optional hook, most sinks need nothing
         """The step completed: remove the (now empty) staging area."""

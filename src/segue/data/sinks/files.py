@@ -2,19 +2,25 @@
 
 Layout of an output directory ``OUT``::
 
-    OUT/part-SHARD-PART.jsonl                    published (deterministic names)
+    OUT/part-TAG-SHARD-PART.jsonl                published (deterministic names;
+                                                 TAG: a hash of run and step)
+    OUT/.segue-owner.json                        who owns OUT (segue.data.sinks.owner)
     OUT/.segue-staging/RUN/STEP/FENCE            highest epoch that opened the sink (kept)
     OUT/.segue-staging/RUN/STEP/eEPOCH-pPART-SHARD.jsonl   staged, not yet committed
 
 With parallel sub-workers (``Scope.worker`` = K) each sub-worker stages under
 ``.segue-staging/RUN/STEP/wK/`` (its own FENCE, its own cleanup) and publishes
-``part-SHARD-wK-PART.jsonl``: a shard can move between sub-workers across
+``part-TAG-SHARD-wK-PART.jsonl``: a shard can move between sub-workers across
 restarts, and the worker tag keeps their part numbers from colliding.
 
 Staging lives on the same filesystem, so publishing one part is one atomic
-``os.replace``. A directory (and ``prefix``) belongs to one step of one run.
-Only local paths are supported: object stores have no rename (to do: write
-the parts in place and a manifest last).
+``os.replace``. A directory (and ``prefix``) belongs to one step of one run:
+another run is refused unless it asks for ``mode="append"`` or
+``mode="overwrite"`` (see :mod:`.owner`). Opened without a committed state (a
+first start, or ``--restart-step``), the sink deletes every part its run and
+step published before, so starting over never duplicates output. Only local
+paths are supported: object stores have no rename (to do: write the parts in
+place and a manifest last).
 """
 
 from __future__ import annotations
@@ -30,15 +36,21 @@ from typing import Any
 from .._fsio import fence, fsync_dir
 from ..errors import DataError, StagedOutputLostError
 from .base import Scope, Sink
+from .owner import MODES, Ownership, Writer, tag_of
 
 
 class FileSink(Sink):
     ext = ""
     supports_workers = True
 
-    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "") -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "", mode: str = "new") -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         self.directory = os.path.abspath(os.fspath(directory))
         self.prefix = prefix
+        self.mode = mode
+        self._own: Ownership | None = None
+        self._tag = ""  # the writer's tag (run and step) in published names
         self._wtag = ""  # "wK-" for sub-worker K of a parallel step
         self._final = self._final_pattern()
         self._scope: Scope | None = None
@@ -49,8 +61,8 @@ class FileSink(Sink):
     # -- naming ---------------------------------------------------------------
     def _final_pattern(self) -> re.Pattern[str]:
         # Only this writer's parts: "part-SHARD-PART" never matches "part-SHARD-wK-PART".
-        return re.compile(rf"^{re.escape(self.prefix)}part-[A-Za-z0-9.]+-{re.escape(self._wtag)}(\d{{8}})"
-                          rf"{re.escape(self.ext)}$")
+        return re.compile(rf"^{re.escape(self.prefix)}part-{re.escape(self._tag)}-[A-Za-z0-9.]+-"
+                          rf"{re.escape(self._wtag)}(\d{{8}}){re.escape(self.ext)}$")
 
     @property
     def staging(self) -> str:
@@ -60,7 +72,7 @@ class FileSink(Sink):
         return base if self._scope.worker is None else os.path.join(base, f"w{self._scope.worker}")
 
     def final_name(self, shard: str, part: int) -> str:
-        return f"{self.prefix}part-{shard}-{self._wtag}{part:08d}{self.ext}"
+        return f"{self.prefix}part-{self._tag}-{shard}-{self._wtag}{part:08d}{self.ext}"
 
     # -- format hooks -----------------------------------------------------------
     @abstractmethod
@@ -76,15 +88,35 @@ class FileSink(Sink):
         ...
 
     # -- protocol ---------------------------------------------------------------
+    @property
+    def ownership(self) -> Ownership:
+        if self._own is None:
+            raise RuntimeError("sink used before open()")
+        return self._own
+
+    def preflight(self, run_id: str, step: str) -> None:
+        Ownership(self.directory, self.prefix, self.ext, Writer(run_id, step), self.mode).preflight()
+
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
         self._scope = scope
+        self._tag = tag_of(scope.run_id, scope.step)
         self._wtag = "" if scope.worker is None else f"w{int(scope.worker)}-"
         self._final = self._final_pattern()
         os.makedirs(self.directory, exist_ok=True)
+        own = self._own = Ownership(self.directory, self.prefix, self.ext,
+                                    Writer(scope.run_id, scope.step), self.mode)
+        own.claim_at_open()  # refuses a directory another run owns, before anything is written
         with fence(self.staging, scope.epoch, advance=True):
             if state is not None:
-                self._roll_forward(state["pending"])
+                # Parts already committed (next_part > 0): an overwrite takes the
+                # directory now if its first publish died before the switch.
+                with own.publishing(claim=int(state["next_part"]) > 0):
+                    self._roll_forward(state["pending"])
                 self._roll_back_published(int(state["next_part"]))
+            else:
+                # No committed state: whatever this run's step published before
+                # (a restart of the step) is not covered by anything; drop it.
+                own.discard_mine(None if scope.worker is None else self._wtag)
             for name in os.listdir(self.staging):
                 path = os.path.join(self.staging, name)
                 # Sub-worker directories (wK/) belong to their sub-worker's own open().
@@ -154,7 +186,7 @@ class FileSink(Sink):
             raise RuntimeError("sink used before open()")
         if not self._pending:
             return
-        with fence(self.staging, self._scope.epoch, advance=False):
+        with fence(self.staging, self._scope.epoch, advance=False), self.ownership.publishing(claim=True):
             for p in self._pending:
                 os.replace(os.path.join(self.staging, p["staged"]), os.path.join(self.directory, p["final"]))
             fsync_dir(self.directory)
@@ -202,9 +234,9 @@ class ParquetSink(FileSink):
 
     ext = ".parquet"
 
-    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "",
+    def __init__(self, directory: str | os.PathLike[str], *, prefix: str = "", mode: str = "new",
                  row_group_rows: int = 65_536) -> None:
-        super().__init__(directory, prefix=prefix)
+        super().__init__(directory, prefix=prefix, mode=mode)
         self.row_group_rows = row_group_rows
 
     def _open_file(self, path: str) -> Any:

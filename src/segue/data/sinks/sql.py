@@ -8,17 +8,28 @@ the position they reach are written together, so a publish repeated after a
 crash finds the part already counted and skips it. ``mode="upsert"`` copies
 with ``ON CONFLICT (key) DO UPDATE`` instead, idempotent even without the
 ledger. Every publish first checks the ledger epoch: a zombie is refused.
+
+The table belongs to one step of one run (``segue_sink_owner``, see
+:mod:`.sql_owner`): another run is refused unless its mode says otherwise
+(``append``, ``overwrite``, or ``upsert``, which merges by key). Opened
+without a committed state (``--restart-step``), the sink takes back what its
+step published when it can: upsert re-merges by key, and a table holding only
+this step's rows is emptied; otherwise it refuses rather than duplicate rows.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 from ...errors import FencedError
 from .._sql import Db, ident
-from ..errors import DataError
+from ..errors import DataError, SinkOwnedError
 from .base import Scope, Sink
+from .sql_owner import OWNERS, TableOwnership
+
+MODES = ("transactional", "upsert", "append", "overwrite")
 
 LEDGER = """CREATE TABLE IF NOT EXISTS segue_sink_ledger (
     run_id TEXT NOT NULL, step TEXT NOT NULL, sink TEXT NOT NULL,
@@ -31,8 +42,8 @@ class SqlSink(Sink):
 
     def __init__(self, url: str, table: str, columns: Sequence[str], *, mode: str = "transactional",
                  key: Sequence[str] = ()) -> None:
-        if mode not in ("transactional", "upsert"):
-            raise ValueError(f"mode must be 'transactional' or 'upsert', not {mode!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
         if mode == "upsert" and not key:
             raise ValueError("mode='upsert' needs key=[columns of a unique index]")
         self.url = url
@@ -46,6 +57,14 @@ class SqlSink(Sink):
         self._buf: list[tuple[Any, ...]] = []
         self._next_part = 0
         self._pending: list[int] = []
+        self._own: TableOwnership | None = None
+
+    @property
+    def own(self) -> TableOwnership:
+        if self._own is None:
+            s = self.scope
+            self._own = TableOwnership(self.db, self.table, s.run_id, s.step, self.mode)
+        return self._own
 
     @property
     def db(self) -> Db:
@@ -104,11 +123,35 @@ class SqlSink(Sink):
             self.db.execute("UPDATE segue_sink_ledger SET committed = ? WHERE run_id = ? AND step = ? "
                             "AND sink = ?", (top, s.run_id, s.step, self.table))
 
+    def preflight(self, run_id: str, step: str) -> None:
+        if self.url.startswith("sqlite:///") and not os.path.exists(self.url[len("sqlite:///"):]):
+            return  # nothing there yet; connecting would create the file
+        db = Db(self.url)
+        try:
+            has = db.execute("SELECT 1 FROM segue_sink_owner WHERE 1 = 0")
+            has.fetchall()
+        except Exception:  # noqa: BLE001 - no ownership table: no run claimed anything yet
+            db.close()
+            return
+        try:
+            db.begin()
+            try:
+                TableOwnership(db, self.table, run_id, step, self.mode).claim_at_open()
+            except SinkOwnedError:
+                raise
+            except Exception:  # noqa: BLE001 - e.g. the table does not exist yet: checked at start
+                pass
+            finally:
+                db.rollback()  # a check only: the claim itself is the first start's
+        finally:
+            db.close()
+
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
         self._scope = scope
         db = self.db
         cols = ", ".join(self.columns)
-        for ddl in (LEDGER, f"CREATE TABLE IF NOT EXISTS {self.staged_table} AS SELECT {cols}, "
+        self._own = None  # bound to this connection: rebuilt after close()
+        for ddl in (LEDGER, OWNERS, f"CREATE TABLE IF NOT EXISTS {self.staged_table} AS SELECT {cols}, "
                             f"CAST(NULL AS TEXT) AS segue_tag FROM {self.table} WHERE 1 = 0"):
             try:
                 db.execute(ddl)
@@ -116,14 +159,18 @@ class SqlSink(Sink):
                 db.rollback()
         try:
             committed = self._txn_fenced(advance=True)
+            self.own.claim_at_open()
             next_part = 0 if state is None else int(state["next_part"])
+            if state is None and committed > 0:
+                committed = self._take_back(committed)
             if committed > next_part:
                 raise DataError(
                     f"table {self.table} already holds output past the restored checkpoint "
                     f"(part {committed} > {next_part}): a newer checkpoint was quarantined; "
                     f"start a new run into a clean table"
                 )
-            if state is not None:
+            if state is not None and state["pending"]:
+                self.own.before_publish()
                 self._publish_parts([(p["part"], p["epoch"]) for p in state["pending"]], committed)
             keep = [self._tag(p["part"], p["epoch"]) for p in (state or {}).get("pending", [])]
             pre = scope.prefix
@@ -135,6 +182,25 @@ class SqlSink(Sink):
             raise
         self._next_part = next_part
         self._pending = []
+
+    def _take_back(self, committed: int) -> int:
+        """Inside open's transaction, no committed state: undo what this step published before.
+
+        Returns the ledger's new count (0); refuses when the rows cannot be told apart.
+        """
+        s = self.scope
+        if self.mode != "upsert":
+            if not self.own.may_discard():
+                raise DataError(
+                    f"table {self.table} holds {committed} published parts of run {s.run_id!r} step "
+                    f"{s.step!r} mixed with other runs' rows, and this start has no checkpoint to "
+                    f"resume from; segue cannot take those rows back: clean the table by hand or "
+                    f"start a new run into a new table"
+                )
+            self.db.execute(f"DELETE FROM {self.table}")
+        self.db.execute("UPDATE segue_sink_ledger SET committed = 0 WHERE run_id = ? AND step = ? "
+                        "AND sink = ?", (s.run_id, s.step, self.table))
+        return 0
 
     def write(self, records: Sequence[Any], shard: str, keys: Sequence[str] | None = None) -> None:
         cols = self.columns
@@ -169,6 +235,7 @@ class SqlSink(Sink):
         s = self.scope
         try:
             committed = self._txn_fenced(advance=False)
+            self.own.before_publish()
             self._publish_parts([(p, s.epoch) for p in self._pending], committed)
             self.db.commit()
         except BaseException:
@@ -180,6 +247,7 @@ class SqlSink(Sink):
         self.close()
 
     def close(self) -> None:
+        self._own = None
         if self._db is not None:
             self._db.close()
             self._db = None

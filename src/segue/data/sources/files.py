@@ -39,12 +39,34 @@ def list_files(urls: str | list[str]) -> tuple[Any, list[str]]:
         if _glob.has_magic(path):
             paths.update(p for p in fs_i.glob(path) if fs_i.isfile(p))
         elif fs_i.isdir(path):
-            paths.update(p for p in fs_i.find(path) if not _hidden(p, path))
+            paths.update(_published_only(fs_i, [p for p in fs_i.find(path) if not _hidden(p, path)]))
         else:
             paths.add(path)
     if fs is None:
         raise ValueError("no input files given")
     return fs, sorted(paths)
+
+
+def _published_only(fs: Any, found: list[str]) -> list[str]:
+    """Drop part files of segue sink directories that are outside their published set.
+
+    A sink directory's marker (segue.data.sinks.owner) says which parts are
+    published; a reader of the directory sees that set, never the parts of a
+    run an overwrite replaced. Local disks only (the file sinks are local).
+    """
+    if "file" not in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        return found
+    from ..sinks.owner import unpublished
+
+    hidden: dict[str, set[str]] = {}
+    out = []
+    for p in found:
+        d, name = os.path.split(p)
+        if d not in hidden:
+            hidden[d] = unpublished(d)
+        if name not in hidden[d]:
+            out.append(p)
+    return out
 
 
 def _hidden(p: str, root: str) -> bool:

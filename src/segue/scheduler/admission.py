@@ -1,0 +1,38 @@
+"""Admission: refuse at submit a run that can never be placed on this host.
+
+A run whose step needs more GPUs (or bigger ones) than the host pool has would
+otherwise wait in RUNNING for ever. Only GPU needs are checked: CPU and memory
+figures of a step are a share of the host, not a hard floor.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Mapping, Sequence
+
+from ..errors import UsageError
+from ..flow.model import StepSpec
+from ..store.hostpool import never_fits, open_pool
+from ..store.pool import HostPoolStore
+from .devices import ensure_host
+from .policy import step_need
+
+
+def check_satisfiable(
+    steps: Mapping[str, StepSpec], order: Sequence[str], *, gpus: int = -1, gpu_memory: int = 0,
+    pool: HostPoolStore | None = None, host: str | None = None,
+) -> None:
+    """Raise UsageError naming the step, its need and the host's capacity if it can never fit."""
+    needs = {s: step_need(steps, s, gpus, gpu_memory) for s in order}
+    if not any(n.gpus for n in needs.values()):
+        return  # CPU-only runs never need the pool at submit
+    pool = pool if pool is not None else open_pool()
+    hp = ensure_host(pool, host or socket.gethostname())
+    for step, need in needs.items():
+        why = never_fits(need, hp)
+        if why is None:
+            continue
+        fix = ("no GPU driver was found; on a machine without GPUs add virtual ones with "
+               "`segue pool set --gpus N`" if hp.source == "none" and not hp.devices
+               else "add devices with `segue pool set --gpus N` or ask for fewer with --gpus")
+        raise UsageError(f"step {step!r} {why}; {fix}")

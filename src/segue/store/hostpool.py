@@ -1,0 +1,493 @@
+"""The host pool in one SQLite file shared by every segue home on the machine.
+
+Where it lives (first that applies):
+
+1. ``--pool PATH`` (the CLI exports it as ``$SEGUE_POOL``) or ``$SEGUE_POOL``;
+2. ``/var/lib/segue/pool.db`` when that directory exists and this user may
+   write it (root creates it; an administrator shares it between users by
+   making it group-writable), so every user of the machine shares one pool;
+3. ``${XDG_STATE_HOME:-~/.local/state}/segue/pool.db``: shared by every home
+   of this user.
+
+Each method is one transaction (writes take ``BEGIN IMMEDIATE``), values are
+bound parameters, and each thread of each process opens its own connection,
+exactly like the metadata store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from ..errors import StoreError
+from ..scheduler.policy import Capacity, Device, Need, place
+from .base import Clock, now
+from .pool import (
+    Allocated,
+    AllocationRecord,
+    Denied,
+    DeviceRecord,
+    HostPool,
+    HostPoolStore,
+    PreemptionRequest,
+    RequestRecord,
+)
+from .sqlite_rows import BUSY_TIMEOUT_S, _set_wal
+
+POOL_ENV = "SEGUE_POOL"
+SHARED_DIR = Path("/var/lib/segue")
+_LIVE = "released_at IS NULL AND lease_until > ?"
+
+_SCHEMA = (
+    """CREATE TABLE hosts (host TEXT PRIMARY KEY, cpus REAL NOT NULL, memory INTEGER NOT NULL,
+       source TEXT NOT NULL, updated_at REAL NOT NULL)""",
+    """CREATE TABLE devices (host TEXT NOT NULL REFERENCES hosts (host) ON DELETE CASCADE,
+       device INTEGER NOT NULL, name TEXT NOT NULL, memory INTEGER NOT NULL,
+       virtual INTEGER NOT NULL, PRIMARY KEY (host, device))""",
+    # epoch is NULL between allocate and bind; the history of released rows is
+    # kept so that tests can prove no device ever had two overlapping holders.
+    """CREATE TABLE allocations (id INTEGER PRIMARY KEY AUTOINCREMENT, host TEXT NOT NULL,
+       home TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL, epoch INTEGER,
+       devices TEXT NOT NULL, cpus REAL NOT NULL, memory INTEGER NOT NULL,
+       priority INTEGER NOT NULL, preemptible INTEGER NOT NULL, since REAL NOT NULL,
+       lease_until REAL NOT NULL, released_at REAL, ckpt_at REAL,
+       preemptions INTEGER NOT NULL DEFAULT 0, UNIQUE (home, run_id, step, epoch))""",
+    "CREATE INDEX allocations_live ON allocations (host, released_at)",
+    """CREATE TABLE requests (home TEXT NOT NULL, run_id TEXT NOT NULL, step TEXT NOT NULL,
+       host TEXT NOT NULL, priority INTEGER NOT NULL, gpus INTEGER NOT NULL, gpu_memory INTEGER,
+       cpus REAL NOT NULL, memory INTEGER NOT NULL, submitted_at REAL NOT NULL,
+       reason TEXT NOT NULL, lease_until REAL NOT NULL, PRIMARY KEY (home, run_id, step))""",
+    """CREATE TABLE preemptions (id INTEGER PRIMARY KEY AUTOINCREMENT, home TEXT NOT NULL,
+       run_id TEXT NOT NULL, by_home TEXT NOT NULL, by_run TEXT NOT NULL, reason TEXT NOT NULL,
+       created_at REAL NOT NULL, lease_until REAL NOT NULL, outcome TEXT, handled_at REAL)""",
+    "CREATE INDEX preemptions_open ON preemptions (home, run_id, outcome)",
+    """CREATE TABLE parked (home TEXT NOT NULL, run_id TEXT NOT NULL, since REAL NOT NULL,
+       PRIMARY KEY (home, run_id))""",
+)
+VERSION = 1
+
+
+def pool_path() -> Path:
+    """Where this process's host pool lives (see the module docstring)."""
+    env = os.environ.get(POOL_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    if os.geteuid() == 0 or (SHARED_DIR.is_dir() and os.access(SHARED_DIR, os.W_OK | os.X_OK)):
+        return SHARED_DIR / "pool.db"
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser() / "segue" / "pool.db"
+
+
+def open_pool(path: str | Path | None = None) -> SQLiteHostPool:
+    p = Path(path) if path is not None else pool_path()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if p.parent == SHARED_DIR else 0o700)
+    except OSError as e:
+        raise StoreError(f"cannot create the host pool directory {p.parent}: {e}; "
+                         f"set {POOL_ENV} or --pool to a writable path") from e
+    return SQLiteHostPool(p)
+
+
+class SQLiteHostPool(HostPoolStore):
+    """The host pool in one SQLite file. Picklable: it travels as its path."""
+
+    def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
+        self.path = Path(path)
+        self._clock = clock
+        self._local = threading.local()
+        self._conn()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (str(self.path),))
+
+    def __repr__(self) -> str:
+        return f"SQLiteHostPool({str(self.path)!r})"
+
+    # -- connections ---------------------------------------------------------
+    def _conn(self) -> sqlite3.Connection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None or self._local.pid != os.getpid():  # never share one across fork()
+            conn = self._open()
+            self._local.conn, self._local.pid = conn, os.getpid()
+        return conn
+
+    def _open(self) -> sqlite3.Connection:
+        fresh = not self.path.exists()
+        try:
+            conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+        except sqlite3.Error as e:
+            raise StoreError(f"cannot open the host pool {self.path}: {e}; set {POOL_ENV} or "
+                             "--pool to a writable path") from e
+        try:
+            if fresh and self.path.parent == SHARED_DIR:
+                # Shared by the users of the machine: whoever may write the
+                # directory may use the pool. SQLite gives its -wal and -shm
+                # files the database file's mode.
+                os.chmod(self.path, 0o664 if (SHARED_DIR.stat().st_mode & 0o020) == 0 else 0o660)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            _set_wal(conn)
+            conn.execute("PRAGMA synchronous = FULL")  # an allocation must survive power loss
+            conn.execute("PRAGMA foreign_keys = ON")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+                if version > VERSION:
+                    raise StoreError(f"the host pool {self.path} is from a newer segue (schema "
+                                     f"{version}); upgrade segue or set {POOL_ENV} to another file")
+                if version == 0:
+                    for stmt in _SCHEMA:
+                        conn.execute(stmt)
+                    conn.execute(f"PRAGMA user_version = {VERSION}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+        except sqlite3.Error as e:
+            conn.close()
+            raise StoreError(f"cannot use the host pool {self.path}: {e}") from e
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        conn = self._conn()
+        conn.execute("BEGIN")
+        try:
+            yield conn
+        finally:
+            if conn.in_transaction:
+                conn.execute("COMMIT")
+
+    # -- hosts ---------------------------------------------------------------
+    def configure_host(
+        self, host: str, *, cpus: float, memory: int,
+        devices: Sequence[tuple[str, int, bool]], source: str,
+    ) -> HostPool:
+        if cpus <= 0 or memory < 0:
+            raise ValueError("a host needs cpus > 0 and memory >= 0")
+        with self._write() as conn:
+            conn.execute(
+                "INSERT INTO hosts (host, cpus, memory, source, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (host) DO UPDATE SET cpus = excluded.cpus, memory = excluded.memory,"
+                " source = excluded.source, updated_at = excluded.updated_at",
+                (host, float(cpus), int(memory), source, self._clock()),
+            )
+            conn.execute("DELETE FROM devices WHERE host = ?", (host,))
+            conn.executemany(
+                "INSERT INTO devices (host, device, name, memory, virtual) VALUES (?, ?, ?, ?, ?)",
+                [(host, i, n, int(m), int(v)) for i, (n, m, v) in enumerate(devices)],
+            )
+            hp = _host(conn, host)
+            assert hp is not None  # just written
+            return hp
+
+    def get_host(self, host: str) -> HostPool | None:
+        with self._read() as conn:
+            return _host(conn, host)
+
+    def free_capacity(self, host: str, home: str | None = None) -> Capacity:
+        with self._read() as conn:
+            return _free(conn, host, self._clock(), home)
+
+    # -- allocations ---------------------------------------------------------
+    def allocate(
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        preemptible: bool, ttl_s: float,
+    ) -> Allocated | Denied:
+        with self._write() as conn:
+            t = self._clock()
+            hp = _host(conn, host)
+            if hp is None:
+                return Denied(f"host {host!r} is not in the pool; run `segue pool set` or "
+                              "`segue pool detect`", never=True)
+            never = never_fits(need, hp)
+            if never is not None:
+                return Denied(never, never=True)
+            free = _free(conn, host, t, home)
+            devs = place(need, free)
+            if devs is None:
+                return Denied(f"waiting for {need.describe()}; free now: {_describe_free(free)}")
+            mine = conn.execute(
+                "SELECT submitted_at FROM requests WHERE home = ? AND run_id = ? AND step = ?"
+                " AND lease_until > ?", (home, run_id, step, t)).fetchone()
+            my_time = mine["submitted_at"] if mine else t
+            for r in _requests(conn, host, t):
+                if (r.home, r.run_id, r.step) == (home, run_id, step) or never_fits(r.need, hp):
+                    continue  # ourselves, or a request that can never run here
+                if r.home != home and not (r.need.gpus and need.gpus):
+                    continue  # homes compete for devices only
+                # No backfilling past a higher class: it would take the capacity a
+                # preemptor is freeing, and the urgent run would starve. Within a
+                # class, FIFO with backfill for requests that fit anyway.
+                if r.priority > priority or (
+                    r.priority == priority and r.submitted_at < my_time
+                    and place(shared_part(r.need, r.home != home), free) is not None
+                ):
+                    return Denied(f"waiting behind run {r.run_id!r} step {r.step!r}"
+                                  f"{_where(r.home, home)} (priority {r.priority}, "
+                                  f"waiting since {r.submitted_at:.3f})")
+            cur = conn.execute(
+                "INSERT INTO allocations (host, home, run_id, step, epoch, devices, cpus, memory,"
+                " priority, preemptible, since, lease_until)"
+                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?)",
+                (host, home, run_id, step, json.dumps(devs), float(need.cpus), int(need.memory),
+                 int(priority), int(preemptible), t, t + ttl_s),
+            )
+            conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
+                         (home, run_id, step))
+            return Allocated(int(cur.lastrowid or 0), tuple(devs))
+
+    def bind(self, alloc_id: int, epoch: int, ttl_s: float) -> bool:
+        with self._write() as conn:
+            t = self._clock()
+            # A home deleted and made again at the same path starts its epochs over:
+            # its predecessor's dead rows (released, or lease lapsed) give up the key,
+            # keeping their history under a negative epoch. A live holder keeps it, and
+            # then this bind fails like any other lost race.
+            conn.execute(
+                "UPDATE allocations SET epoch = -id WHERE id != ? AND epoch = ?"
+                " AND (home, run_id, step) = (SELECT home, run_id, step FROM allocations"
+                " WHERE id = ?) AND NOT (released_at IS NULL AND lease_until > ?)",
+                (alloc_id, epoch, alloc_id, t))
+            try:
+                cur = conn.execute(
+                    f"UPDATE allocations SET epoch = ?, lease_until = ? WHERE id = ?"
+                    f" AND epoch IS NULL AND {_LIVE}", (epoch, t + ttl_s, alloc_id, t))
+            except sqlite3.IntegrityError:
+                return False
+            return cur.rowcount == 1
+
+    def renew(self, home: str, run_id: str, step: str, epoch: int, *, ttl_s: float,
+              ckpt_at: float | None, preemptions: int) -> bool:
+        with self._write() as conn:
+            t = self._clock()
+            cur = conn.execute(
+                "UPDATE allocations SET lease_until = ?, ckpt_at = ?, preemptions = ?"
+                f" WHERE home = ? AND run_id = ? AND step = ? AND epoch = ? AND {_LIVE}",
+                (t + ttl_s, ckpt_at, preemptions, home, run_id, step, epoch, t))
+            return cur.rowcount == 1
+
+    def release(self, home: str, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
+        key = (home, run_id, step, epoch)
+        where = "home = ? AND run_id = ? AND step = ? AND epoch = ?"
+        with self._write() as conn:
+            conn.execute(f"UPDATE allocations SET released_at = ? WHERE {where}"
+                         " AND released_at IS NULL", (self._clock(), *key))
+            row = conn.execute(f"SELECT * FROM allocations WHERE {where}", key).fetchone()
+            return None if row is None else _alloc(row)
+
+    def release_id(self, alloc_id: int) -> None:
+        with self._write() as conn:
+            conn.execute("UPDATE allocations SET released_at = ? WHERE id = ? AND released_at IS NULL",
+                         (self._clock(), alloc_id))
+
+    def list_allocations(self, host: str | None = None, *, live_only: bool = True
+                         ) -> list[AllocationRecord]:
+        sql, args = "SELECT * FROM allocations WHERE 1 = 1", list[Any]()
+        if host is not None:
+            sql += " AND host = ?"
+            args.append(host)
+        if live_only:
+            sql += f" AND {_LIVE}"
+            args.append(self._clock())
+        with self._read() as conn:
+            return [_alloc(r) for r in conn.execute(sql + " ORDER BY id", args)]
+
+    # -- the queue -------------------------------------------------------------
+    def upsert_request(
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        reason: str, ttl_s: float,
+    ) -> RequestRecord:
+        with self._write() as conn:
+            t = self._clock()
+            conn.execute(
+                "INSERT INTO requests (home, run_id, step, host, priority, gpus, gpu_memory, cpus,"
+                " memory, submitted_at, reason, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+                " ?, ?) ON CONFLICT (home, run_id, step) DO UPDATE SET host = excluded.host,"
+                " priority = excluded.priority, gpus = excluded.gpus,"
+                " gpu_memory = excluded.gpu_memory, cpus = excluded.cpus,"
+                " memory = excluded.memory, reason = excluded.reason,"
+                " lease_until = excluded.lease_until,"
+                # An expired request starts a new wait; a live one keeps its place in line.
+                " submitted_at = CASE WHEN requests.lease_until > ? THEN requests.submitted_at"
+                " ELSE excluded.submitted_at END",
+                (home, run_id, step, host, int(priority), need.gpus, need.gpu_memory,
+                 float(need.cpus), int(need.memory), t, reason, t + ttl_s, t),
+            )
+            row = conn.execute("SELECT * FROM requests WHERE home = ? AND run_id = ? AND step = ?",
+                               (home, run_id, step)).fetchone()
+            return _request(row)
+
+    def drop_requests(self, home: str, run_id: str, step: str | None = None) -> None:
+        with self._write() as conn:
+            if step is None:
+                conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ?", (home, run_id))
+            else:
+                conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
+                             (home, run_id, step))
+
+    def list_requests(self, host: str | None = None) -> list[RequestRecord]:
+        with self._read() as conn:
+            return _requests(conn, host, self._clock())
+
+    # -- preemption ------------------------------------------------------------
+    def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
+                           reason: str, ttl_s: float) -> PreemptionRequest:
+        with self._write() as conn:
+            t = self._clock()
+            cur = conn.execute(
+                "INSERT INTO preemptions (home, run_id, by_home, by_run, reason, created_at,"
+                " lease_until) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (home, run_id, by_home, by_run, reason, t, t + ttl_s))
+            row = conn.execute("SELECT * FROM preemptions WHERE id = ?", (cur.lastrowid,)).fetchone()
+            return _preemption(row)
+
+    def pending_preemptions(self, home: str, run_id: str) -> list[PreemptionRequest]:
+        with self._read() as conn:
+            rows = conn.execute(
+                "SELECT * FROM preemptions WHERE home = ? AND run_id = ? AND outcome IS NULL"
+                " AND lease_until > ? ORDER BY id", (home, run_id, self._clock()))
+            return [_preemption(r) for r in rows]
+
+    def preemption(self, request_id: int) -> PreemptionRequest | None:
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM preemptions WHERE id = ?", (request_id,)).fetchone()
+            return None if row is None else _preemption(row)
+
+    def answer_preemption(self, request_id: int, outcome: str) -> None:
+        with self._write() as conn:
+            conn.execute("UPDATE preemptions SET outcome = ?, handled_at = ? WHERE id = ?"
+                         " AND outcome IS NULL", (outcome, self._clock(), request_id))
+
+    def park(self, home: str, run_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("INSERT INTO parked (home, run_id, since) VALUES (?, ?, ?)"
+                         " ON CONFLICT (home, run_id) DO NOTHING", (home, run_id, self._clock()))
+
+    def unpark(self, home: str, run_id: str) -> None:
+        with self._write() as conn:
+            conn.execute("DELETE FROM parked WHERE home = ? AND run_id = ?", (home, run_id))
+
+    def parked(self) -> list[tuple[str, str]]:
+        with self._read() as conn:
+            return [(r["home"], r["run_id"])
+                    for r in conn.execute("SELECT home, run_id FROM parked ORDER BY since")]
+
+
+def shared_part(need: Need, other_home: bool) -> Need:
+    """What of ``need`` competes with a run of another home: its devices only."""
+    return Need(gpus=need.gpus, gpu_memory=need.gpu_memory) if other_home else need
+
+
+def never_fits(need: Need, hp: HostPool) -> str | None:
+    """Why ``need`` can never run on this host as configured, or None."""
+    if need.gpus <= 0:
+        return None
+    big = [d for d in hp.devices if d.memory >= (need.gpu_memory or 0)]
+    if len(big) >= need.gpus:
+        return None
+    have = f"{len(hp.devices)} gpu{'' if len(hp.devices) == 1 else 's'}"
+    if need.gpu_memory and len(hp.devices) >= need.gpus:
+        have += f", {len(big)} with >= {need.gpu_memory / 2**30:.0f} GiB"
+    gpus = Need(gpus=need.gpus, gpu_memory=need.gpu_memory).describe()
+    return f"needs {gpus} but host {hp.host!r} has {have}; it can never run here"
+
+
+def _where(other: str, home: str) -> str:
+    return "" if other == home else f" of home {other}"
+
+
+def _host(conn: sqlite3.Connection, host: str) -> HostPool | None:
+    row = conn.execute("SELECT * FROM hosts WHERE host = ?", (host,)).fetchone()
+    if row is None:
+        return None
+    devs = tuple(
+        DeviceRecord(host, d["device"], d["name"], d["memory"], bool(d["virtual"]))
+        for d in conn.execute("SELECT * FROM devices WHERE host = ? ORDER BY device", (host,))
+    )
+    return HostPool(host, row["cpus"], row["memory"], row["source"], devs, row["updated_at"])
+
+
+def _free(conn: sqlite3.Connection, host: str, t: float, home: str | None) -> Capacity:
+    """Free devices of the host, and free cpus and memory as seen by ``home``.
+
+    Devices are the machine's: an allocation of any home makes one busy. CPU
+    and memory figures are a share of the host that each home budgets for
+    itself (oversubscribing cores only slows runs down, while two holders of
+    one GPU break both), so only ``home``'s own allocations count against them
+    (every home's when ``home`` is None).
+    """
+    hp = _host(conn, host)
+    if hp is None:
+        return Capacity((), 0.0, 0)
+    busy: set[int] = set()
+    cpus, mem = hp.cpus, hp.memory
+    for r in conn.execute(f"SELECT * FROM allocations WHERE host = ? AND {_LIVE}", (host, t)):
+        a = _alloc(r)
+        busy.update(a.devices)
+        if home is None or a.home == home:
+            cpus -= a.cpus
+            mem -= a.memory
+    devices = tuple(Device(d.index, d.memory) for d in hp.devices if d.index not in busy)
+    return Capacity(devices, cpus, mem)
+
+
+def _describe_free(free: Capacity) -> str:
+    return f"{len(free.devices)} gpus, {free.cpus:g} cpus, {free.memory / 2**30:.1f} GiB memory"
+
+
+def _requests(conn: sqlite3.Connection, host: str | None, t: float) -> list[RequestRecord]:
+    sql, args = "SELECT * FROM requests WHERE lease_until > ?", list[Any]([t])
+    if host is not None:
+        sql += " AND host = ?"
+        args.append(host)
+    sql += " ORDER BY priority DESC, submitted_at ASC"
+    return [_request(r) for r in conn.execute(sql, args)]
+
+
+def _alloc(r: sqlite3.Row) -> AllocationRecord:
+    return AllocationRecord(
+        id=r["id"], host=r["host"], home=r["home"], run_id=r["run_id"], step=r["step"],
+        epoch=r["epoch"], devices=tuple(json.loads(r["devices"])), cpus=r["cpus"],
+        memory=r["memory"], priority=r["priority"], preemptible=bool(r["preemptible"]),
+        since=r["since"], lease_until=r["lease_until"], released_at=r["released_at"],
+        ckpt_at=r["ckpt_at"], preemptions=r["preemptions"],
+    )
+
+
+def _request(r: sqlite3.Row) -> RequestRecord:
+    return RequestRecord(
+        home=r["home"], run_id=r["run_id"], step=r["step"], host=r["host"],
+        priority=r["priority"],
+        need=Need(gpus=r["gpus"], gpu_memory=r["gpu_memory"], cpus=r["cpus"], memory=r["memory"]),
+        submitted_at=r["submitted_at"], reason=r["reason"], lease_until=r["lease_until"],
+    )
+
+
+def _preemption(r: sqlite3.Row) -> PreemptionRequest:
+    return PreemptionRequest(
+        id=r["id"], home=r["home"], run_id=r["run_id"], by_home=r["by_home"], by_run=r["by_run"],
+        reason=r["reason"], created_at=r["created_at"], lease_until=r["lease_until"],
+        outcome=r["outcome"],
+    )

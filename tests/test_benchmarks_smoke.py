@@ -1,0 +1,82 @@
+"""Every benchmark runs in its --smoke mode and ends with its JSON summary line.
+
+Each one runs as its users run it (`python -m benchmarks.NAME --smoke --json`,
+a real subprocess from the repository root), so a benchmark that rots (an API
+it calls changed, a key went missing) fails here instead of on release day.
+The figures of a smoke run mean nothing; only that it ran and what it reports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXPECTED: dict[str, set[str]] = {
+    "recovery": {"pause_latency_s", "resume_latency_s", "recovery_s", "lost_work_s",
+                 "floor_worker_startup_s", "samples"},
+    "preemption": {"time_to_device_s", "victim_lost_work_s", "kill_requeue_lost_work_s",
+                   "kill_requeue_downtime_s", "lost_work_vs_kill_requeue", "all_outputs_complete"},
+    "checkpoint": {"save_vs_disk", "block_vs_memcpy", "memcpy_s", "raw_write_s", "save_s",
+                   "async_block_s", "async_total_s", "load_vs_disk", "all_runs_s", "goals",
+                   "copy_threads", "io_threads"},
+    "pipeline": {"records", "vs_plain_loop", "scale_2_workers", "vs_beam", "vs_ray_data",
+                 "resume_at_90pct_s", "output_verified", "runs", "goals"},
+}
+
+
+@cache  # each benchmark runs once per session, whatever asks for it
+def run_smoke(name: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", "--smoke", "--json"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"benchmarks.{name} --smoke exited {proc.returncode}:\n" \
+                                 f"{proc.stderr[-3000:]}"
+    lines = proc.stdout.strip().splitlines()
+    assert lines, f"benchmarks.{name} --smoke printed nothing"
+    return json.loads(lines[-1])
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_benchmark_smoke_prints_its_summary(name: str) -> None:
+    got = run_smoke(name)
+    missing = EXPECTED[name] - set(got)
+    assert not missing, f"benchmarks.{name} --smoke lacks {sorted(missing)}"
+
+
+def test_pipeline_smoke_verifies_every_output_and_states_its_goals() -> None:
+    got = run_smoke("pipeline")
+    assert got["output_verified"]["every_run_matched"] is True
+    assert got["output_verified"]["records"] == got["records"]
+    for side in ("plain", "segue_1w", "segue_2w", "inprocess"):
+        assert got["runs"][side], f"no {side} run"
+        assert all(r["verified"] for r in got["runs"][side])
+    for key in ("vs_plain_loop", "scale_2_workers", "vs_beam", "vs_ray_data", "resume_at_90pct_s"):
+        goal = got["goals"][key]
+        assert set(goal) == {"target", "value", "met"}
+    # The pause landed at the held record (90%), not at the end: resume had work to do.
+    assert got["resume_paused_at_records"] < got["resume_input_records"]
+
+
+def test_checkpoint_smoke_states_its_goals() -> None:
+    got = run_smoke("checkpoint")
+    assert set(got["goals"]) == {"save_vs_disk", "block_vs_memcpy"}
+    assert got["goals"]["block_vs_memcpy"]["met"] == (got["block_vs_memcpy"] <= 1.5)
+    # every side got the same number of tries
+    assert len({len(v) for v in got["all_runs_s"].values()}) == 1
+
+
+def test_gpu_checkpoint_smoke_skips_or_measures() -> None:
+    got = run_smoke("gpu_checkpoint")
+    if "skipped" in got:
+        assert "GPU" in got["skipped"] or "CUDA" in got["skipped"] or "torch" in got["skipped"]
+    else:
+        assert got["restored_equal_on_gpu"] is True
