@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -85,11 +86,23 @@ def test_records_retried_after_a_kill_are_counted(segue: Segue, tmp_path: Path) 
     inp = write_input(tmp_path / "in" / "data.jsonl", 40_000, sleep=0.0002)
     segue("run", flow, "--detach", "--run-id", "rr", "-p", f"input={inp}", "-p", f"out={tmp_path / 'out'}",
           check=True)
-    first = wait_for(lambda: segue.step("rr", "upper")["last_checkpoint"], 60, "a checkpoint")
-    # Let the heartbeat report progress well past that checkpoint, then kill the worker.
-    wait_for(lambda: (s := segue.step("rr", "upper"))["progress"]["done"] > first["position"]["done"]
-             and s["last_checkpoint"]["seq"] == first["seq"] and s["pid"], 10, "progress past it")
-    os.kill(segue.step("rr", "upper")["pid"], signal.SIGKILL)
+    wait_for(lambda: segue.step("rr", "upper")["last_checkpoint"], 60, "a checkpoint")
+    # Kill the worker once its reported progress is past its last committed checkpoint.
+    # It is frozen (SIGSTOP) while the store is read, so no checkpoint can commit between
+    # the check and the kill; if the check fails it thaws and the test looks again.
+    deadline = time.monotonic() + 120
+    while True:
+        assert time.monotonic() < deadline, "no progress past a checkpoint was seen"
+        pid = segue.step("rr", "upper")["pid"]
+        if not pid:
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        s = segue.step("rr", "upper")
+        if s["pid"] == pid and s["progress"]["done"] > s["last_checkpoint"]["position"]["done"]:
+            break
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
     segue.wait_state("rr", {"SUCCEEDED"}, 120)
     pos = segue.step("rr", "upper")["last_checkpoint"]["position"]
     assert pos["restarts"] == 1 and pos["records_retried"] > 0

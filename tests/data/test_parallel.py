@@ -125,18 +125,16 @@ def _subworkers(pid: int) -> list[int]:
 
 
 def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(segue, tmp_path: Path) -> None:
+    """A sub-worker, the coordinator (the step's worker) and the controller, each SIGKILLed
+    once it made committed progress; every kill is counted only if it landed."""
     import os
     import signal
 
-    from test_kill_campaign import (
-        FAST,
-        _wait,
-        _worker_pid,
-        campaign,
-        check_exactly_once,
-        make_input,
-        read_output,
-    )
+    from segue_helpers import wait_for
+    from test_kill_campaign import FAST, check_exactly_once, make_input, read_output
+
+    from segue.home import Home
+    from segue.run.procs import pid_alive, wait_dead
 
     n = 8000
     inp = make_input(tmp_path / "in", n)
@@ -147,15 +145,43 @@ def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(seg
     clean = read_output("jsonl", clean_out)
     check_exactly_once(clean, n)
 
+    hold = tmp_path / "hold"  # the last record waits for it: the run cannot end before the kills
+    segue.env.update({"MAPPARALLEL_HOLD": str(hold), "MAPPARALLEL_HOLD_K": str(n - 1)})
     out = tmp_path / "out"
     segue("run", FLOW, "--run-id", "faulty", "-p", f"input={inp}", "-p", f"out={out}", "--detach", check=True)
-    # First a single sub-worker: the coordinator sees it die, the attempt is retried.
-    subs = _wait(lambda: _subworkers(_worker_pid(segue, "faulty")) if _worker_pid(segue, "faulty") > 0 else 0, 30)
-    assert subs, "no sub-worker process found"
-    os.kill(subs[0], signal.SIGKILL)
-    done = campaign(segue, "faulty", seed=11, kills=4, pauses=1, controller_every=2, timeout=240)
-    got = read_output("jsonl", out)
-    check_exactly_once(got, n, clean)
-    st = segue.status("faulty")
-    assert st["state"] == "SUCCEEDED"
-    assert sum(v for k, v in done.items() if isinstance(v, int)) >= 2, done
+    store = Home.resolve(segue.home).open_store()
+
+    def committed_in_current_attempt():
+        t = store.get_tasks("faulty")[0]
+        cks = store.list_checkpoints("faulty", t.step)
+        ok = t.state.value == "RUNNING" and pid_alive(t.pid) and cks and cks[0].epoch == t.epoch
+        return t if ok else None
+
+    def land(pid: int) -> bool:
+        if not pid_alive(pid):
+            return False
+        os.kill(pid, signal.SIGKILL)
+        assert wait_dead(pid, 30), f"pid {pid} survived SIGKILL"
+        return True
+
+    landed = []
+    t = wait_for(committed_in_current_attempt, 120, "a checkpoint of the first attempt")
+    subs = wait_for(lambda: _subworkers(t.pid), 60, "the sub-workers")
+    if land(subs[0]):
+        landed.append(("sub-worker", t.epoch))
+    for target in ("coordinator", "controller"):
+        prev = t.epoch
+        t = wait_for(lambda: (x := committed_in_current_attempt()) and x.epoch > prev and x, 120,
+                     f"a checkpoint of a new attempt before killing the {target}")
+        pid = t.pid if target == "coordinator" else store.get_run("faulty").controller_pid
+        if land(pid):
+            landed.append((target, t.epoch))
+    assert [w for w, _ in landed] == ["sub-worker", "coordinator", "controller"], landed
+    assert segue("resume", "faulty", "--detach").returncode == 0  # the controller died: take over
+    wait_for(committed_in_current_attempt, 120, "the resumed attempt to commit")
+    hold.write_text("go")
+    segue.wait_state("faulty", {"SUCCEEDED"}, 300)
+    check_exactly_once(read_output("jsonl", out), n, clean)
+    # The store saw the coordinator's death as a failed attempt (the controller's own kill
+    # took its attempt with it): at least the two worker-side kills cost an attempt each.
+    assert store.get_tasks("faulty")[0].epoch >= landed[-1][1] + 1
