@@ -108,11 +108,16 @@ def main() -> int:
          "train to restart")
     recovery = time.monotonic() - t_kill
 
-    # Finally the controller itself dies; `segue resume` picks the run up.
-    doc = wait(lambda: (d := status(run)) and step(d, "score")["state"] == "RUNNING" and d, "score to start")
+    # Finally the controller itself dies (once the restarted train committed a checkpoint,
+    # so it dies mid-work on any machine, fast or slow); `segue resume` picks the run up.
+    restarted = step(status(run), "train")["attempts"]
+    doc = wait(lambda: (d := status(run)) and (s := step(d, "train"))["state"] == "RUNNING"
+               and s["attempts"] == restarted and s["last_checkpoint"]["seq"] > before["last_checkpoint"]["seq"]
+               and d, "the restarted train to checkpoint")
     ctl_pid = doc["controller"]["pid"]
     os.kill(ctl_pid, signal.SIGKILL)
-    console.print(f"    SIGKILLed the controller (pid {ctl_pid}) during score")
+    done = step(doc, "train")["progress"]["done"]
+    console.print(f"    SIGKILLed the controller (pid {ctl_pid}) during train, at step {done:.0f}")
     segue("resume", run)
     final = status(run)
 
