@@ -137,12 +137,12 @@ class CheckpointManager:
         using = (f"using checkpoint {self.path(found[0])} of step {found[0]}" if found
                  else "no earlier checkpoint verifies")
         moved = "the bad one was moved to" if self.quarantine_bad else "the bad one stays at"
-        for e, where in bad:
-            warnings.warn(f"{e}; {using}; {moved} {where}", RuntimeWarning, stacklevel=2)
+        for err, where in bad:
+            warnings.warn(f"{err}; {using}; {moved} {where}", RuntimeWarning, stacklevel=2)
         if found is None and bad and not allow_fresh_start:
             raise NoValidCheckpointError(
                 f"none of the {len(bad)} checkpoints under {self.prefix or 'the storage root'} "
-                f"verifies ({'; '.join(f'{e.path}: {e.detail}' for e, _ in bad)}); "
+                f"verifies ({'; '.join(f'{err.path}: {err.detail}' for err, _ in bad)}); "
                 "repair them, or call restore_latest(allow_fresh_start=True) to start over"
             )
         return found

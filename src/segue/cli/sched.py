@@ -79,7 +79,7 @@ def cmd_pool(a: argparse.Namespace, home: Home) -> int:
             raise UsageError("--cpus must be > 0")
         pool.configure_host(
             host, cpus=a.cpus or float(os.cpu_count() or 1),
-            memory=parse_memory(a.memory, "--memory") if a.memory else host_memory(),
+            memory=(parse_memory(a.memory, "--memory") or 0) if a.memory else host_memory(),
             devices=virtual_gpus(a.gpus, mem or 0), source="configured",
         )
     elif a.pool_cmd == "detect":

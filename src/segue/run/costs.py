@@ -38,7 +38,7 @@ def _in_flight(store: Store, pool: Any, home_key: str | None, run_id: str,
     running = {t.step: t.epoch for t in store.get_tasks(run_id) if t.state == TaskState.RUNNING}
     if not running or pool is None:
         return 0.0, {}
-    wall, held = 0.0, {}
+    wall, held = 0.0, dict[str, float]()
     for a in pool.list_allocations(None):
         if a.run_id != run_id or running.get(a.step) != a.epoch:
             continue

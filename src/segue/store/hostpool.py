@@ -38,7 +38,7 @@ from .pool import (
     PreemptionRequest,
     RequestRecord,
 )
-from .sqlite_rows import BUSY_TIMEOUT_S, _set_wal
+from .sqlite_rows import BUSY_TIMEOUT_S, PerThreadConnection, configure
 
 POOL_ENV = "SEGUE_POOL"
 SHARED_DIR = Path("/var/lib/segue")
@@ -94,7 +94,7 @@ def open_pool(path: str | Path | None = None) -> SQLiteHostPool:
     return SQLiteHostPool(p)
 
 
-class SQLiteHostPool(HostPoolStore):
+class SQLiteHostPool(PerThreadConnection, HostPoolStore):
     """The host pool in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
@@ -110,13 +110,6 @@ class SQLiteHostPool(HostPoolStore):
         return f"SQLiteHostPool({str(self.path)!r})"
 
     # -- connections ---------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or self._local.pid != os.getpid():  # never share one across fork()
-            conn = self._open()
-            self._local.conn, self._local.pid = conn, os.getpid()
-        return conn
-
     def _open(self) -> sqlite3.Connection:
         fresh = not self.path.exists()
         try:
@@ -130,11 +123,7 @@ class SQLiteHostPool(HostPoolStore):
                 # directory may use the pool. SQLite gives its -wal and -shm
                 # files the database file's mode.
                 os.chmod(self.path, 0o664 if (SHARED_DIR.stat().st_mode & 0o020) == 0 else 0o660)
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            _set_wal(conn)
-            conn.execute("PRAGMA synchronous = FULL")  # an allocation must survive power loss
-            conn.execute("PRAGMA foreign_keys = ON")
+            configure(conn)  # synchronous=FULL: an allocation must survive power loss
             conn.execute("BEGIN IMMEDIATE")
             try:
                 version = conn.execute("PRAGMA user_version").fetchone()[0]

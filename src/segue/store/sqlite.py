@@ -9,7 +9,6 @@ processes: each thread (of each process) opens its own, lazily.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 from collections.abc import Collection, Iterator, Sequence
@@ -42,6 +41,7 @@ from .migrations import migrate
 from .sqlite_pool import SQLitePoolMixin
 from .sqlite_rows import (
     BUSY_TIMEOUT_S,
+    PerThreadConnection,
     _check_controller_epoch,
     _check_epoch,
     _checkpoint_record,
@@ -51,9 +51,9 @@ from .sqlite_rows import (
     _fmt_time,
     _insert_event,
     _run_record,
-    _set_wal,
     _task_record,
     _update_task,
+    configure,
     start_attempt_in,
 )
 
@@ -65,7 +65,7 @@ CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
 _NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 
 
-class SQLiteStore(SQLitePoolMixin, Store):
+class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
@@ -87,17 +87,6 @@ class SQLiteStore(SQLitePoolMixin, Store):
         return f"SQLiteStore({str(self.path)!r})"
 
     # -- connections and transactions ------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        # After fork() the child inherits the parent's thread-local connection;
-        # sharing an SQLite connection across processes corrupts its locking,
-        # so the child opens its own and leaves the inherited one alone.
-        if conn is None or self._local.pid != os.getpid():
-            conn = self._open()
-            self._local.conn = conn
-            self._local.pid = os.getpid()
-        return conn
-
     def _open(self) -> sqlite3.Connection:
         try:
             conn = sqlite3.connect(
@@ -106,27 +95,12 @@ class SQLiteStore(SQLitePoolMixin, Store):
         except sqlite3.Error as e:
             raise StoreError(f"cannot open metadata store {self.path}: {e}") from e
         try:
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            _set_wal(conn)
-            # FULL, not NORMAL: a commit here is what records that a checkpoint
-            # exists or that an output was published, and exactly-once output
-            # needs that commit to survive power loss. In WAL mode, NORMAL skips
-            # the fsync at commit and can lose the last transactions on a crash
-            # of the machine (not of the process).
-            conn.execute("PRAGMA synchronous = FULL")
-            conn.execute("PRAGMA foreign_keys = ON")
+            configure(conn)
             migrate(conn, str(self.path))
         except BaseException:
             conn.close()
             raise
         return conn
-
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None and self._local.pid == os.getpid():
-            conn.close()
-        self._local.conn = None
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:

@@ -7,7 +7,9 @@ the methods of :class:`~segue.store.sqlite.SQLiteStore` own the transactions.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -25,6 +27,54 @@ _TASK_COLUMNS = frozenset(
         "started_at", "finished_at", "updated_at",
     }
 )
+
+
+class PerThreadConnection:
+    """One SQLite connection per thread of each process, opened on first use.
+
+    After fork() a child inherits its parent's thread-local connection; sharing
+    an SQLite connection across processes corrupts its locking, so the child
+    opens its own and leaves the inherited one alone. Subclasses open and
+    configure (``_open``); the metadata store and the host pool share this.
+    """
+
+    _local: threading.local
+
+    def _open(self) -> sqlite3.Connection:
+        raise NotImplementedError  # pragma: no cover - abstract
+
+    def _conn(self) -> sqlite3.Connection:
+        local = self.__dict__.setdefault("_local", threading.local())
+        conn = getattr(local, "conn", None)
+        if conn is None or local.pid != os.getpid():
+            conn = self._open()
+            local.conn, local.pid = conn, os.getpid()
+        return conn
+
+    def close(self) -> None:
+        local = self.__dict__.get("_local")
+        if local is None:
+            return
+        conn = getattr(local, "conn", None)
+        if conn is not None and local.pid == os.getpid():
+            conn.close()
+        local.conn = None
+
+
+def configure(conn: sqlite3.Connection) -> None:
+    """The pragmas every segue database uses: rows by name, a busy timeout, WAL,
+    ``synchronous=FULL`` and foreign keys.
+
+    FULL, not NORMAL: a commit is what records that a checkpoint exists, that an
+    output was published or that a device is allocated, and that must survive
+    power loss. In WAL mode NORMAL skips the fsync at commit and can lose the last
+    transactions on a crash of the machine (not of the process).
+    """
+    conn.row_factory = sqlite3.Row
+    conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+    _set_wal(conn)
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("PRAGMA foreign_keys = ON")
 
 
 def _set_wal(conn: sqlite3.Connection) -> None:

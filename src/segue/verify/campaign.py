@@ -214,7 +214,7 @@ def run_verify(
     rep = Report(clean_s=clean_s, faulted_s=faulted_s, faults=report_faults,
                  diff=compare(a, b, ignore_outputs=ignore_outputs), clean_state=clean_state,
                  faulted_state=faulted_state, paused_s=clock.paused_s, min_faults=min_faults)
-    stats = getattr(cli.store, "get_stats", lambda r: {})(RUN_ID)
+    stats: dict[str, float] = getattr(cli.store, "get_stats", lambda r: {})(RUN_ID)
     rep.work_redone_s = float(stats.get("work_redone_s", 0.0))
     return rep
 
