@@ -11,6 +11,7 @@ import os
 import sqlite3
 import threading
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 from .._canon import canonical_json
@@ -29,7 +30,7 @@ _TASK_COLUMNS = frozenset(
 )
 
 
-class PerThreadConnection:
+class PerThreadConnection(ABC):
     """One SQLite connection per thread of each process, opened on first use.
 
     After fork() a child inherits its parent's thread-local connection; sharing
@@ -40,8 +41,9 @@ class PerThreadConnection:
 
     _local: threading.local
 
+    @abstractmethod
     def _open(self) -> sqlite3.Connection:
-        raise NotImplementedError  # pragma: no cover - abstract
+        """Open and configure a new connection to this database."""
 
     def _conn(self) -> sqlite3.Connection:
         local = self.__dict__.setdefault("_local", threading.local())
