@@ -17,6 +17,14 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
 	# torch is optional; its tests skip with a reason when it cannot be installed.
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: torch tests will be skipped"
+	# The web UI's browser test drives Debian's chromium; without it that test skips with the reason.
+	@command -v chromium >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get install -y chromium || { apt-get update && apt-get install -y chromium; } \
+	      || echo "chromium could not be installed: the browser test will be skipped"; \
+	  else \
+	    echo "chromium is missing and this is not root with apt-get: install it (apt-get install -y chromium) or the browser test will be skipped"; \
+	  fi; }
 	touch $@
 
 install: $(VENV)/.installed
@@ -25,8 +33,12 @@ install-dev: $(VENV)/.installed-dev
 demo: install
 	$(BIN)/python examples/demo.py
 
+# Two pytest workers: most tests wait on real processes, so two share two cores
+# well (the suite is timing-independent: it passes under CPU load).
+TEST_WORKERS ?= 2
+
 test: install-dev
-	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=15 -n $(TEST_WORKERS) --dist worksteal
 
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks examples

@@ -198,7 +198,10 @@ def _subprocess_json(cmd: list[str], timeout: float, env: dict[str, str] | None 
                      ) -> tuple[dict[str, Any] | None, float, str]:
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+        # A session of its own: Ray's process reaper ends with os.killpg(0, SIGKILL), which
+        # took this benchmark (and its shell) down with it when they shared a group.
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              start_new_session=True)
     except subprocess.TimeoutExpired:
         return None, time.perf_counter() - t0, f"timed out after {timeout:.0f}s"
     wall = time.perf_counter() - t0

@@ -29,6 +29,9 @@ EXPECTED: dict[str, set[str]] = {
                    "copy_threads", "io_threads"},
     "pipeline": {"records", "vs_plain_loop", "scale_2_workers", "vs_beam", "vs_ray_data",
                  "resume_at_90pct_s", "output_verified", "runs", "goals"},
+    "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",
+               "pause_to_paused_cli_s", "pause_tries_per_side", "server_rss_bytes", "load_errors",
+               "goals"},
 }
 
 
@@ -72,6 +75,16 @@ def test_checkpoint_smoke_states_its_goals() -> None:
     assert got["goals"]["block_vs_memcpy"]["met"] == (got["block_vs_memcpy"] <= 1.5)
     # every side got the same number of tries
     assert len({len(v) for v in got["all_runs_s"].values()}) == 1
+
+
+def test_server_smoke_states_its_goals_and_counts_its_errors() -> None:
+    got = run_smoke("server")
+    assert set(got["goals"]) == {"status_p99_s", "runs_page_10k_s"}
+    assert all(set(g) == {"target", "value", "met"} for g in got["goals"].values())
+    assert got["load_errors"] == {"saturated": {}, "paced": {}}
+    # the API and the CLI got the same number of pause tries
+    tries = got["pause_tries_per_side"]
+    assert len(got["samples"]["pause_api_s"]) == len(got["samples"]["pause_cli_s"]) == tries
 
 
 def test_gpu_checkpoint_smoke_skips_or_measures() -> None:

@@ -9,8 +9,10 @@ import segue
 
 def test_all_is_sorted_and_complete() -> None:
     assert segue.__all__ == sorted(segue.__all__)
-    public = {name for name, value in vars(segue).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    # dir(), not vars(): some names are imported on first use (PEP 562), and
+    # dir() lists those too.
+    public = {name for name in dir(segue)
+              if not name.startswith("_") and not isinstance(getattr(segue, name), types.ModuleType)}
     assert public == set(segue.__all__) - {"__version__"}
     for name in segue.__all__:
         assert hasattr(segue, name), name

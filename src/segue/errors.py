@@ -16,7 +16,9 @@ format errors live here too.
     │   ├── CodeChangedError              2  resume refused: the flow's code changed
     │   ├── RunStateError                 2  the run's state refuses the command (resume a
     │   │                                    succeeded run, pause a finished one)
-    │   └── ControllerConflictError       2  another live controller already drives the run
+    │   ├── ControllerConflictError       2  another live controller already drives the run
+    │   └── PermissionDeniedError         2  a server refused the token (none, unknown, or its
+    │                                        role or priority classes do not allow the request)
     ├── ConflictError                     4  the run changed under the command (another process
     │   │                                    moved it at the same moment); the store is
     │   │                                    consistent: look at `segue status` and retry
@@ -34,6 +36,7 @@ format errors live here too.
     │   ├── PositionError                 1  a saved position does not fit its source
     │   ├── StagedOutputLostError         1  a committed checkpoint names staged output that is gone
     │   └── SinkOwnedError                1  a sink's directory or table belongs to another run
+    ├── WaitTimeoutError                  1  a wait for a run's state ran past its timeout
     └── InjectedFault                     1  raised by a fault point (tests only)
 
 Exit code 1 also means the run failed or was cancelled; 3 means it ended
@@ -111,6 +114,10 @@ class RunStateError(UsageError):
 
 class ControllerConflictError(UsageError):
     """A second controller tried to drive a run whose controller is alive."""
+
+
+class PermissionDeniedError(UsageError):
+    """`segue server` refused the request's token: missing, unknown, or not allowed (401/403)."""
 
 
 class ConflictError(SegueError):
@@ -215,6 +222,17 @@ class SinkOwnedError(DataError):
     Refused before anything is written; ``mode="overwrite"`` or ``mode="append"``
     on the sink is the explicit way to replace or add to that output.
     """
+
+
+class WaitTimeoutError(SegueError):
+    """``Client.wait`` (or ``pause(wait=True)``) ran past its timeout; the run is as it was."""
+
+    def __init__(self, run_id: str, state: object, wanted: list[str], timeout: float) -> None:
+        shown = getattr(state, "value", state)
+        super().__init__(f"run {run_id!r} is still {shown} after {timeout:g}s (waited for "
+                         f"{' or '.join(wanted)}); wait longer or see `segue status {run_id}`")
+        self.run_id = run_id
+        self.state = state
 
 
 class InjectedFault(SegueError):

@@ -16,12 +16,10 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..checkpoint import catalog
-from ..checkpoint.io import list_dir_checkpoints, read_manifest
-from ..checkpoint.retention import RetentionPolicy, prune
-from ..checkpoint.storage import CheckpointStorage
+if TYPE_CHECKING:  # the checkpoint engine (NumPy) is imported by the commands, not by `segue --help`
+    from ..checkpoint.storage import CheckpointStorage
 from ..errors import UsageError
 
 
@@ -49,6 +47,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _locate(path: str) -> tuple[CheckpointStorage, str, bool]:
+    from ..checkpoint import catalog
+
     if "://" not in path and not os.path.exists(path):
         raise UsageError(f"{path}: no such file or directory; pass a checkpoint, a directory "
                          "of checkpoints, or the directory given to CheckpointManager")
@@ -58,6 +58,8 @@ def _locate(path: str) -> tuple[CheckpointStorage, str, bool]:
 
 
 def _nothing_found(path: str) -> int:
+    from ..checkpoint import catalog
+
     print(f"segue: no checkpoint under {path} (nor under {path.rstrip('/')}/"
           f"{catalog.MANAGER_PREFIX}); pass a checkpoint or a directory of them",
           file=sys.stderr)
@@ -65,6 +67,8 @@ def _nothing_found(path: str) -> int:
 
 
 def cmd_ls(a: argparse.Namespace) -> int:
+    from ..checkpoint import catalog
+
     storage, rel, is_ckpt = _locate(a.path)
     rows = [catalog.summarize(storage, rel)] if is_ckpt else catalog.list_checkpoints(storage, rel)
     if a.json:
@@ -84,6 +88,9 @@ def cmd_ls(a: argparse.Namespace) -> int:
 
 
 def cmd_inspect(a: argparse.Namespace) -> int:
+    from ..checkpoint import catalog
+    from ..checkpoint.io import list_dir_checkpoints, read_manifest
+
     storage, rel, is_ckpt = _locate(a.path)
     if not is_ckpt:
         paths = list_dir_checkpoints(storage, rel)
@@ -105,6 +112,9 @@ def cmd_inspect(a: argparse.Namespace) -> int:
 
 
 def cmd_verify(a: argparse.Namespace) -> int:
+    from ..checkpoint import catalog
+    from ..checkpoint.io import list_dir_checkpoints
+
     storage, rel, is_ckpt = _locate(a.path)
     paths = [rel] if is_ckpt else list_dir_checkpoints(storage, rel)
     if not paths:
@@ -117,6 +127,8 @@ def cmd_verify(a: argparse.Namespace) -> int:
 
 
 def cmd_prune(a: argparse.Namespace) -> int:
+    from ..checkpoint.retention import RetentionPolicy, prune
+
     storage, rel, is_ckpt = _locate(a.path)
     if is_ckpt:
         raise UsageError(f"{a.path} is one checkpoint; prune takes the directory that holds them")

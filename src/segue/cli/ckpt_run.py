@@ -11,8 +11,6 @@ import socket
 import sys
 from typing import Any
 
-from ..checkpoint.io import list_dir_checkpoints, verify
-from ..checkpoint.storage import LocalStorage
 from ..errors import CheckpointCorruptError, UnknownRunError, UsageError
 from ..home import Home
 from . import ckpt
@@ -61,6 +59,9 @@ def cmd_ckpt(a: argparse.Namespace, home: Home) -> int:
 
 
 def _verify_run(home: Home, run_id: str) -> int:
+    from ..checkpoint.io import list_dir_checkpoints, verify
+    from ..checkpoint.storage import LocalStorage
+
     """Verify every checkpoint the store says is committed, the ones a restore would use.
 
     The store, not the directory listing, is the truth here: a committed checkpoint

@@ -5,17 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 
-def pool_or_none() -> Any:
-    """The host pool, to count running attempts; status still works without one."""
-    from ..errors import StoreError
-    from ..store.hostpool import open_pool
-
-    try:
-        return open_pool()
-    except StoreError:
-        return None
-
-
 def _money(x: float) -> str:
     return f"${x:,.2f}" if x >= 0.01 or x == 0 else f"${x:.4f}"
 

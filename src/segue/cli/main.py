@@ -18,29 +18,30 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
-from ..errors import SegueError, UsageError, exit_code
-from ..flow import load_flow, parse_duration, parse_overrides
+from ..client.local import LocalClient
+from ..errors import SegueError, UsageError, WaitTimeoutError, exit_code
+from ..flow import parse_duration, parse_overrides
 from ..flow.model import parse_memory
-from ..home import Home
-from ..run import ops
 from ..run.controller import Interrupts
 from ..run.options import RunOptions
-from ..run.status import run_status
 from ..scheduler.policy import parse_priority
-from ..scheduler.pricing import Prices, parse_price
+from ..scheduler.pricing import parse_price
 from ..states import Actor, RunState
 from . import ckpt_run, sched, verify
 from . import costs as costs_view
 from . import logs as logs_cmd
 from . import output as output_cmd
 from . import prices as prices_cmd
+from . import server as server_cmd
+from . import webhook as webhook_cmd
 from .render import RunDisplay, event_line, fmt_time, position_detail, print_json, progress_text
 
 EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
@@ -80,7 +81,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--max-pause", default=None, metavar="DURATION",
                    help="after this long paused by preemption, the run gains a priority class (aging)")
 
-    sub.add_parser("ls", help="list runs").add_argument("--json", action="store_true")
+    ls = sub.add_parser("ls", help="list runs, newest first")
+    ls.add_argument("--json", action="store_true")
+    ls.add_argument("--state", action="append", default=None, metavar="STATE",
+                    help="only runs in this state (repeat for several)")
+    ls.add_argument("--flow", default=None, help="only runs of this flow")
+    ls.add_argument("--limit", type=int, default=None, metavar="N", help="at most N runs")
     s = sub.add_parser("status", help="show a run")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
@@ -107,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("events", help="a run's state changes")
     e.add_argument("run")
     e.add_argument("--json", action="store_true")
+    e.add_argument("--after", type=int, default=0, metavar="ID", help="only events after this id")
+    e.add_argument("--follow", "-f", action="store_true",
+                   help="keep printing new events until the run finishes or pauses")
     c = sub.add_parser("checkpoints", help="a run's committed checkpoints")
     c.add_argument("run")
     c.add_argument("--json", action="store_true")
@@ -116,87 +125,80 @@ def build_parser() -> argparse.ArgumentParser:
     output_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
     prices_cmd.add_parser(sub)
+    server_cmd.add_parsers(sub)
+    webhook_cmd.add_parsers(sub)
     return p
 
 
-def _foreground(home: Home, store: Any, run: Any, loaded: Any, reason: str) -> int:
+def _foreground(client: LocalClient, run_id: str, reason: str) -> int:
     interrupts = Interrupts()
     signal.signal(signal.SIGINT, lambda s, f: interrupts.hit(s))
     signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit(s))  # events say SIGTERM, not ctrl-c
-    with RunDisplay(store, run.run_id) as display:
-        ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CLI, on_tick=display,
-                                  interrupts=interrupts)
-        final = ops.drive(ctl, reason=reason)
-    print(f"run {run.run_id} {final.value}")
+    with RunDisplay(client.store, run_id) as display:
+        final = client.drive(run_id, reason=reason, on_tick=display, interrupts=interrupts)
+    print(f"run {run_id} {final.value}")
     if final == RunState.PAUSED:
-        print(f"resume with: segue resume {run.run_id}")
+        print(f"resume with: segue resume {run_id}")
     return EXIT.get(final, 1)
 
 
-def cmd_run(a: argparse.Namespace, home: Home) -> int:
-    if a.gpus is not None and a.gpus < 0:
-        raise UsageError(f"--gpus must be 0 or more, not {a.gpus}")
-    opts = RunOptions.from_env(
-        on_input_change=a.on_input_change,
-        pause_deadline_s=a.pause_deadline,
-        pause_on_failure=True if a.pause_on_failure else None,
-        priority=None if a.priority is None else parse_priority(a.priority),
-        gpus=a.gpus,
-        gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
-        preemptible=a.preemptible,
-        max_pause_s=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
-    )
-    prepared = ops.prepare_run(a.flow, parse_overrides(a.param), run_id=a.run_id, options=opts)
-    store = home.open_store()
-    run = ops.create_run(store, prepared, actor=Actor.CLI)
-    if a.detach:
-        pid = ops.spawn_detached(home, run.run_id)
-        print(run.run_id)
-        print(f"controller pid {pid}; follow with: segue status {run.run_id}", file=sys.stderr)
-        return 0
-    return _foreground(home, store, run, prepared.loaded, "started")
-
-
-def cmd_resume(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    store = home.open_store()
-    run = ops.check_resumable(store, a.run)
-    loaded = load_flow(run.flow_path)
-    ops.check_code(run, loaded, a.allow_code_change)
-    ops.check_no_live_controller(run)
-    run = ops.apply_resume_choices(store, run, restart_step=a.restart_step,
-                                   on_input_change=a.on_input_change)
-    ops.clear_preemption(store, run.run_id)  # the operator resumes it now, not the scheduler
-    if a.detach:  # the same output as `run --detach`: the run id, the pid on stderr
-        pid = ops.spawn_detached(home, run.run_id, allow_code_change=a.allow_code_change)
-        print(run.run_id)
-        print(f"controller pid {pid}; follow with: segue status {run.run_id}", file=sys.stderr)
-        return 0
-    return _foreground(home, store, run, loaded, "resumed by the operator")
-
-
-def cmd_pause(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    store = home.open_store()
-    t0 = time.monotonic()
-    run = ops.request_pause(store, a.run)
-    if a.wait:
-        run = ops.wait_for_state(store, a.run, {RunState.PAUSED, RunState.SUCCEEDED, RunState.FAILED,
-                                                RunState.CANCELLED}, a.timeout)
-        if run.state != RunState.PAUSED:
-            print(f"run {a.run} is {run.state.value} after {time.monotonic() - t0:.2f}s", file=sys.stderr)
-            return 1
-        print(f"run {a.run} PAUSED after {time.monotonic() - t0:.2f}s")
-        return 0
-    print(f"run {a.run} {run.state.value}")
+def _detached(client: LocalClient, run_id: str, *, allow_code_change: bool = False) -> int:
+    pid = client.start(run_id, allow_code_change=allow_code_change)
+    print(run_id)  # `run --detach` and `resume --detach`: the run id, the pid on stderr
+    print(f"controller pid {pid}; follow with: segue status {run_id}", file=sys.stderr)
     return 0
 
 
-def cmd_status(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    prices = Prices.resolve(home.root, dict(parse_price(p) for p in a.price))
-    doc = run_status(home.open_store(), a.run, prices, pool=costs_view.pool_or_none(),
-                     home_key=str(home.root))
+def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
+    # SEGUE_<OPTION> variables are the user's defaults (documented in segue.run.options);
+    # the flags override them, and the result is stored with the run.
+    if a.gpus is not None and a.gpus < 0:
+        raise UsageError(f"--gpus must be 0 or more, not {a.gpus}")
+    defaults = RunOptions.from_env()
+    run = client.prepare(
+        a.flow, parse_overrides(a.param), run_id=a.run_id, options=defaults.to_json(),
+        on_input_change=a.on_input_change, pause_deadline_s=a.pause_deadline,
+        pause_on_failure=True if a.pause_on_failure else None,
+        priority=None if a.priority is None else parse_priority(a.priority), gpus=a.gpus,
+        gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
+        preemptible=a.preemptible,
+        max_pause=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
+    )
+    if a.detach:
+        return _detached(client, run.run_id)
+    return _foreground(client, run.run_id, "started")
+
+
+def cmd_resume(a: argparse.Namespace, client: LocalClient) -> int:
+    client.prepare_resume(a.run, allow_code_change=a.allow_code_change, restart_step=a.restart_step,
+                          on_input_change=a.on_input_change)
+    if a.detach:
+        return _detached(client, a.run, allow_code_change=a.allow_code_change)
+    return _foreground(client, a.run, "resumed by the operator")
+
+
+def cmd_pause(a: argparse.Namespace, client: LocalClient) -> int:
+    t0 = time.monotonic()
+    try:
+        run = client.pause(a.run, wait=a.wait, timeout=a.timeout)
+    except WaitTimeoutError as exc:
+        print(f"run {a.run} is {getattr(exc.state, 'value', exc.state)} after {time.monotonic() - t0:.2f}s", file=sys.stderr)
+        return 1
+    if not a.wait:
+        print(f"run {a.run} {run.state.value}")
+        return 0
+    if run.state != RunState.PAUSED:
+        print(f"run {a.run} is {run.state.value} after {time.monotonic() - t0:.2f}s", file=sys.stderr)
+        return 1
+    print(f"run {a.run} PAUSED after {time.monotonic() - t0:.2f}s")
+    return 0
+
+
+def cmd_status(a: argparse.Namespace, client: LocalClient) -> int:
+    client = LocalClient(client.home, pool=client.pool_path, actor=client.actor,
+                         prices=dict(parse_price(p) for p in a.price))
+    st = client.status(a.run)
+    doc = st.to_json()
     if a.json:
         print_json(doc)
         return 0
@@ -225,49 +227,36 @@ def cmd_status(a: argparse.Namespace, home: Home) -> int:
     return 0
 
 
-def cmd_ls(a: argparse.Namespace, home: Home) -> int:
-    if not home.exists():
-        runs: list[Any] = []
-        shown: dict[str, str] = {}
-    else:
-        store = home.open_store()
-        runs = store.list_runs()
-        shown = sched.display_states(store, runs)  # WAITING (priority) for a run without a device
+def cmd_ls(a: argparse.Namespace, client: LocalClient) -> int:
+    runs = client.runs(state=a.state, flow=a.flow, limit=a.limit)
     if a.json:
-        print_json([{"run_id": r.run_id, "state": r.state.value, "shown": shown[r.run_id],
-                     "priority": r.options.get("priority", 100), "flow": r.flow_name,
-                     "created_at": r.created_at, "updated_at": r.updated_at} for r in runs])
+        print_json([{"run_id": r.run_id, "state": r.state.value, "shown": r.shown, "priority": r.priority,
+                     "flow": r.flow, "created_at": r.created_at, "updated_at": r.updated_at}
+                    for r in runs])
         return 0
     for r in runs:
-        print(f"{r.run_id:<40} {shown[r.run_id]:<16} {r.flow_name:<16} {fmt_time(r.created_at)}")
+        print(f"{r.run_id:<40} {r.shown:<16} {r.flow:<16} {fmt_time(r.created_at)}")
     return 0
 
 
-def cmd_cancel(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    run = ops.cancel(home.open_store(), a.run)
+def cmd_cancel(a: argparse.Namespace, client: LocalClient) -> int:
+    run = client.cancel(a.run)
     print(f"run {a.run} {run.state.value}")
     return 0
 
 
-def cmd_events(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    store = home.open_store()
-    store.get_run(a.run)  # an unknown run is an error, not an empty list
-    events = store.list_events(a.run)
-    if a.json:
+def cmd_events(a: argparse.Namespace, client: LocalClient) -> int:
+    events = client.events(a.run, after=a.after, follow=a.follow)
+    if a.json and not a.follow:
         print_json([dataclasses.asdict(e) for e in events])
-    else:
-        for e in events:
-            print(event_line(e))
+        return 0
+    for e in events:  # --follow --json: one JSON object per line, as they come
+        print(json.dumps(dataclasses.asdict(e)) if a.json else event_line(e), flush=a.follow)
     return 0
 
 
-def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
-    ops.require_home(home)
-    store = home.open_store()
-    store.get_run(a.run)
-    cks = store.list_checkpoints(a.run, statuses=("committed", "quarantined", "pruned"))
+def cmd_checkpoints(a: argparse.Namespace, client: LocalClient) -> int:
+    cks = client.checkpoints(a.run)
     if a.json:
         print_json([dataclasses.asdict(c) for c in cks])
     else:
@@ -277,10 +266,13 @@ def cmd_checkpoints(a: argparse.Namespace, home: Home) -> int:
     return 0
 
 
-COMMANDS = {
-    "queue": sched.cmd_queue, "pool": sched.cmd_pool, "verify": verify.cmd_verify,
-    "ckpt": ckpt_run.cmd_ckpt, "output": output_cmd.cmd_output, "logs": logs_cmd.cmd_logs,
-    "prices": prices_cmd.cmd_prices,
+COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
+    "queue": sched.cmd_queue, "pool": sched.cmd_pool, "output": output_cmd.cmd_output,
+    "logs": logs_cmd.cmd_logs,
+    "verify": lambda a, c: verify.cmd_verify(a, c.home, pool=c.pool_path),
+    "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c.home),
+    "prices": lambda a, c: prices_cmd.cmd_prices(a, c.home),
+    "server": server_cmd.cmd_server, "token": server_cmd.cmd_token, "webhook": webhook_cmd.cmd_webhook,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
 }
@@ -294,10 +286,10 @@ def one_line(message: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         a = build_parser().parse_args(argv)
-        home = Home.resolve(a.home)
-        if a.pool:  # controllers, workers and verify sandboxes started from here inherit it
-            os.environ["SEGUE_POOL"] = os.path.abspath(os.path.expanduser(a.pool))
-        code = COMMANDS[a.cmd](a, home)
+        # Everything the command starts (controllers, verify sandboxes) is given
+        # this home and this pool explicitly.
+        client = LocalClient(a.home, pool=a.pool, actor=Actor.CLI)
+        code = COMMANDS[a.cmd](a, client)
     except SegueError as exc:  # the exit code is the class's (table in segue.errors)
         print(f"segue: {one_line(str(exc))}", file=sys.stderr)
         code = exit_code(exc)

@@ -6,8 +6,8 @@ import argparse
 import pprint
 from typing import Any
 
-from ..home import Home
-from ..run.outputs import read_output, to_json
+from ..client.local import LocalClient
+from ..run.outputs import to_json
 from .render import print_json
 
 
@@ -20,8 +20,8 @@ def add_parser(sub: Any) -> None:
                    help="load an output the step saved with pickle (runs code from it: trust it)")
 
 
-def cmd_output(a: argparse.Namespace, home: Home) -> int:
-    value = read_output(a.run, a.step, home.root, allow_pickle=a.allow_pickle)
+def cmd_output(a: argparse.Namespace, client: LocalClient) -> int:
+    value = client.output(a.run, a.step, allow_pickle=a.allow_pickle, as_json=False)
     if a.json:
         print_json(to_json(value, f"output of step {a.step!r}"))
     else:

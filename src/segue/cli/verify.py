@@ -12,8 +12,6 @@ from typing import Any
 from ..errors import UsageError
 from ..flow import load_flow, parse_overrides, resolve
 from ..home import Home
-from ..verify import run_verify
-from ..verify.reaper import Watchdog, reap
 from .render import print_json
 
 
@@ -42,7 +40,10 @@ def _stop(signum: int, frame: Any) -> None:
     raise _Stopped(signum)
 
 
-def cmd_verify(a: argparse.Namespace, home: Home) -> int:
+def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | None = None) -> int:
+    from ..verify import run_verify  # the comparison imports NumPy: only when verifying
+    from ..verify.reaper import Watchdog, reap
+
     flow = Path(a.flow)
     loaded = load_flow(flow)  # validates the file and the DAG before anything runs
     resolve(loaded.flow.params, parse_overrides(a.param))  # and the parameters
@@ -62,7 +63,8 @@ def cmd_verify(a: argparse.Namespace, home: Home) -> int:
     old = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         rep = run_verify(flow, a.param, kills=a.kills, pauses=a.pauses, seed=a.seed, base=base,
-                         log=log, ignore_outputs=set(a.ignore_output), min_faults=a.min_faults)
+                         log=log, ignore_outputs=set(a.ignore_output), min_faults=a.min_faults,
+                         pool=pool)
     except _Stopped as stop:
         print(f"segue: verify stopped by {stop}; its controllers and workers were killed"
               + ("" if a.keep else " and its sandbox removed"),

@@ -12,25 +12,13 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from .._atomic import fsync_dir as fsync_dir
+from .._atomic import write_atomic as _write_atomic
 from ..errors import FencedError
 
 
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
+    _write_atomic(path, data)
 
 
 @contextmanager

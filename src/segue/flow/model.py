@@ -49,20 +49,25 @@ def parse_duration(value: str | float | int, what: str) -> float:
     return seconds
 
 
+MAX_BYTES = 2**63 - 1
+
+
 def parse_memory(value: str | int | None, what: str) -> int | None:
     """'512MB', '40GB', '2GiB' or a number of bytes -> bytes."""
     if value is None:
         return None
     if isinstance(value, int) and not isinstance(value, bool):
-        if value < 0:
+        size = value
+    else:
+        m = _MEM.match(str(value))
+        if not m:
             raise FlowError(f"{what} must be a size such as '512MB' or '40GB', not {value!r}")
-        return value
-    m = _MEM.match(str(value))
-    if not m:
-        raise FlowError(f"{what} must be a size such as '512MB' or '40GB', not {value!r}")
-    unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-    scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-    return int(float(m.group(1)) * scale)
+        unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
+        scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
+        size = int(float(m.group(1)) * scale)
+    if not 0 <= size <= MAX_BYTES:  # a store column holds 64 bits
+        raise FlowError(f"{what} must be a size from 0 to 8 EiB such as '512MB' or '40GB', not {value!r}")
+    return size
 
 
 def _is_int(v: Any) -> bool:

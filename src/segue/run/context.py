@@ -10,6 +10,7 @@ touch the disk or the database, so tight loops may call them every iteration.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -254,6 +255,7 @@ class StepContext:
             self._next_seq = max((c.seq for c in everything), default=0) + 1
             self._restored = True
         _faults.fault_point("ctx.before_checkpoint")
+        t0 = time.perf_counter()  # the commit event records the save's duration (for /metrics)
         self._record_cost()
         seq = self._next_seq
         path = checkpoint_path(self.run_id, self.step, seq, self.epoch)
@@ -274,6 +276,7 @@ class StepContext:
             self._store.commit_checkpoint(
                 self.run_id, self.step, self.epoch, seq=seq, path=path, position=pos,
                 nbytes=saved.nbytes + self._manifest_size(path),
+                duration_s=round(time.perf_counter() - t0, 6),
             )
             if progress is not None:
                 self._store.report_progress(self.run_id, self.step, self.epoch, *progress)

@@ -28,12 +28,12 @@ from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import Clock, RunRecord, Store, TaskRecord, now
 from ..store.hostpool import open_pool
+from .exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 from .logs import attempt_log_path, record_failure
 from .options import RunOptions
 from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
 from .procs import pid_alive
 from .recovery import describe_exit, reclaim_orphan
-from .worker import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 
 log = logging.getLogger("segue.controller")
 
@@ -81,7 +81,7 @@ class Controller:
     steps: dict[str, StepSpec]
     order: list[str]
     executor: Executor = field(default_factory=LocalProcessExecutor)
-    actor: Actor = Actor.CLI
+    actor: str = Actor.CLI
     on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None
     interrupts: Interrupts = field(default_factory=Interrupts)
     # How long to keep retrying an unwritable store; SEGUE_STORE_WAIT_S overrides it.
@@ -90,6 +90,9 @@ class Controller:
     # Wall clock for lease expiry and retry deadlines, the same one the store
     # stamps leases with (time is a dependency: tests advance a virtual one).
     clock: Clock = now
+    # The host's device pool (None: the one $SEGUE_POOL names, see store.hostpool);
+    # controllers this one starts for preempted runs get the same.
+    pool_path: str | None = None
 
     def __post_init__(self) -> None:
         _faults.set_role("controller")
@@ -103,7 +106,7 @@ class Controller:
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
         self.sched = RunScheduler(
-            store=self.store, pool=open_pool(), home=str(self.home.root),  # the pool: host-wide
+            store=self.store, pool=open_pool(self.pool_path), home=str(self.home.root),  # the pool: host-wide
             run_id=self.run_id, steps=self.steps, host=self.host,
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
@@ -114,7 +117,7 @@ class Controller:
     def _spawn_controller(self, home: str, run_id: str) -> None:
         from .ops import spawn_detached  # ops builds on this module
 
-        spawn_detached(Home.resolve(home), run_id)
+        spawn_detached(Home.resolve(home), run_id, pool=self.pool_path)
 
     # -- ownership -----------------------------------------------------------
     def acquire(self) -> None:
@@ -150,12 +153,12 @@ class Controller:
             self.store.release_controller(self.run_id, self.epoch)
 
     # -- start / resume --------------------------------------------------------
-    def prepare(self, reason: str, actor: Actor | None = None) -> None:
+    def prepare(self, reason: str, actor: str | None = None) -> None:
         """Make the stored run runnable: adopt orphans, requeue parked and failed tasks."""
         with self._one_line_store_errors():
             self._prepare(reason, actor)
 
-    def _prepare(self, reason: str, actor: Actor | None) -> None:
+    def _prepare(self, reason: str, actor: str | None) -> None:
         run = self.store.get_run(self.run_id)
         prev_host = self._prev_host
         if run.state == RunState.PAUSED and self.sched.preempted() and actor is None:
@@ -180,6 +183,9 @@ class Controller:
 
     # -- the loop ------------------------------------------------------------
     def drive(self) -> RunState:
+        from ..notify.notifier import start_notifier  # webhooks: its own thread; never raises
+
+        notifier = start_notifier(self.home)
         try:
             while True:
                 try:
@@ -192,7 +198,11 @@ class Controller:
                     return final
                 time.sleep(TICK_S)
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            finally:
+                if notifier is not None:
+                    notifier.stop()  # bounded drain: the final transition's webhook leaves now
 
     def _tick(self) -> RunState | None:
         run = self._renew_or_read()

@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--home", required=True)
     p.add_argument("--run", required=True)
     p.add_argument("--allow-code-change", action="store_true")
+    p.add_argument("--pool", default=None, help="the host pool database (default $SEGUE_POOL)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     home = Home.resolve(a.home)
@@ -33,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
         run = store.get_run(a.run)
         loaded = load_flow(run.flow_path)
         ops.check_code(run, loaded, a.allow_code_change)
-        ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CONTROLLER, interrupts=interrupts)
+        ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CONTROLLER, interrupts=interrupts,
+                                  pool=a.pool)
         final = ops.drive(ctl, reason="detached controller started")
     except SegueError as exc:
         print(f"segue: {exc}", file=sys.stderr)

@@ -12,10 +12,12 @@ and a checked step name, so it stays inside the home.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
 import time
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -85,7 +87,7 @@ def attempt_logs(home: Home, store: Store, run_id: str, step: str | None = None,
         steps = [step]
     elif attempt is not None:
         raise UsageError("--attempt needs a STEP: segue logs RUN STEP --attempt N")
-    started = _attempts(store.list_events(run_id))
+    started = _attempts(store.list_events(run_id, kinds=("task",)))
     d = _logs_dir(home, run_id)
     out = []
     for s in steps:
@@ -127,9 +129,25 @@ def _copy_from(path: Path, offset: int, out: BinaryIO) -> int:
 def follow(home: Home, store: Store, run_id: str, step: str | None, out: BinaryIO,
            *, poll_s: float = 0.2) -> RunState:
     """Print the logs, then what they gain, until the run is finished or paused (or no
-    live controller drives it any more)."""
+    live controller drives it any more). Returns the state the run stopped in."""
+    chunks = follow_chunks(home, store, run_id, step, poll_s=poll_s)
+    while True:
+        try:
+            out.write(next(chunks))
+            out.flush()
+        except StopIteration as stop:
+            return stop.value
+
+
+def follow_chunks(home: Home, store: Store, run_id: str, step: str | None, *,
+                  poll_s: float = 0.2) -> Generator[bytes, None, RunState]:
+    """The logs as they grow, a header before each attempt's first bytes; the
+    generator returns the run's state once the run stopped."""
     logs = attempt_logs(home, store, run_id, step)
-    offsets = print_logs(logs, out, headers=True)
+    first = io.BytesIO()
+    offsets = print_logs(logs, first, headers=True)
+    if first.getvalue():
+        yield first.getvalue()
     last = logs[-1].path if logs else None
     while True:
         run = store.get_run(run_id)
@@ -139,10 +157,12 @@ def follow(home: Home, store: Store, run_id: str, step: str | None, out: BinaryI
         for lg in attempt_logs(home, store, run_id, step):
             off = offsets.get(lg.path, 0)
             if lg.path.exists() and lg.path.stat().st_size > off:
+                buf = io.BytesIO()
                 if lg.path != last:
-                    out.write(f"{lg.header()}\n".encode())
+                    buf.write(f"{lg.header()}\n".encode())
                     last = lg.path
-                offsets[lg.path] = _copy_from(lg.path, off, out)
+                offsets[lg.path] = _copy_from(lg.path, off, buf)
+                yield buf.getvalue()
         if done:
             return run.state
         time.sleep(poll_s)
@@ -162,7 +182,7 @@ def record_failure(store: Store, home: Home, run_id: str, step: str, epoch: int,
     Best effort: it never raises, because the failure's own transition (retry or
     fail) must not wait on a diagnostic.
     """
-    from .worker import exit_report_path
+    from .exits import exit_report_path
 
     tb = ""
     try:

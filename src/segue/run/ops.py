@@ -11,6 +11,7 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,18 +50,21 @@ def prepare_run(
     *,
     run_id: str | None = None,
     options: RunOptions | None = None,
+    pool: Callable[[], Any] | None = None,
 ) -> Prepared:
-    """Load and validate everything; writes nothing."""
+    """Load and validate everything; writes nothing. ``pool`` opens the host pool
+    (default: the one ``$SEGUE_POOL`` names), asked only when a step needs GPUs."""
     loaded = load_flow(flow_path)
     values = resolve(loaded.flow.params, dict(params or {}))
     if run_id is None:
         run_id = f"{loaded.flow.name}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
     check_run_id(run_id)
-    opts = options or RunOptions.from_env()
+    opts = options or RunOptions()
     if loaded.flow.pause_on_failure and not opts.pause_on_failure:
         opts = RunOptions.from_json({**opts.to_json(), "pause_on_failure": True})
     # A run that can never be placed on this host is refused now, not left waiting.
-    check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory)
+    check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory,
+                      pool=pool)
     # A declared sink whose output belongs to another run is refused now (exit 2).
     from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
 
@@ -68,7 +72,7 @@ def prepare_run(
     return Prepared(loaded, run_id, values, opts)
 
 
-def create_run(store: Store, p: Prepared, *, actor: Actor = Actor.CLI) -> RunRecord:
+def create_run(store: Store, p: Prepared, *, actor: str = Actor.CLI) -> RunRecord:
     return store.create_run(
         NewRun(
             run_id=p.run_id,
@@ -95,13 +99,14 @@ def check_code(run: RunRecord, loaded: LoadedFlow, allow_code_change: bool) -> N
 
 
 def make_controller(
-    home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *, actor: Actor,
+    home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *, actor: str,
     on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None,
-    interrupts: Interrupts | None = None,
+    interrupts: Interrupts | None = None, pool: str | os.PathLike[str] | None = None,
 ) -> Controller:
     return Controller(
         home=home, store=store, run_id=run.run_id, steps=loaded.flow.steps, order=loaded.order,
         actor=actor, on_tick=on_tick, interrupts=interrupts or Interrupts(),
+        pool_path=None if pool is None else str(pool),
     )
 
 
@@ -138,7 +143,7 @@ def check_resumable(store: Store, run_id: str) -> RunRecord:
 
 def apply_resume_choices(
     store: Store, run: RunRecord, *, restart_step: str | None = None,
-    on_input_change: str | None = None, actor: Actor = Actor.CLI,
+    on_input_change: str | None = None, actor: str = Actor.CLI,
 ) -> RunRecord:
     """The operator's changes at resume: validated first, then stored, before any controller starts.
 
@@ -170,19 +175,26 @@ def check_no_live_controller(run: RunRecord, grace_s: float = 2.0) -> None:
     )
 
 
-def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False) -> int:
-    """Start a controller in its own session; it outlives this process."""
+def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False,
+                   pool: str | os.PathLike[str] | None = None) -> int:
+    """Start a controller in its own session; it outlives this process. ``pool``:
+    the host pool it uses (default: the one ``$SEGUE_POOL`` names)."""
     log = home.logs_dir(run_id) / "controller.log"
     cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
+    if pool is not None:
+        cmd += ["--pool", str(pool)]
     if allow_code_change:
         cmd.append("--allow-code-change")
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    # A long-lived caller (a server, a notebook) must reap it when it exits, or
+    # zombies pile up; the thread holds the only reference until then.
+    threading.Thread(target=proc.wait, name=f"reap-controller-{proc.pid}", daemon=True).start()
     return proc.pid
 
 
-def request_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+def request_pause(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
     """Ask the run to pause. Returns the record after the request.
 
     A run paused by preemption would resume by itself; an operator's pause
@@ -212,7 +224,7 @@ def clear_preemption(store: Store, run_id: str) -> bool:
     return True
 
 
-def settle_orphaned_pause(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+def settle_orphaned_pause(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
     """Finish a pause whose controller is gone: park tasks whose leases have expired.
 
     With no controller, nobody would ever move PAUSING to PAUSED. Workers die
@@ -252,7 +264,7 @@ def wait_for_state(
         time.sleep(poll_s)
 
 
-def cancel(store: Store, run_id: str, *, actor: Actor = Actor.CLI) -> RunRecord:
+def cancel(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
     run = store.get_run(run_id)
     if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
         refuse_unless_allowed(run, RunState.CANCELLED)

@@ -11,6 +11,8 @@ from ..errors import UsageError
 
 # Options whose value is one of a few words (the others are numbers or booleans).
 _CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new")}
+# Bounds that keep a value storable (64-bit columns) and meaningful.
+_LIMITS: dict[str, int] = {"priority": 10**6, "gpus": 1024}
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,9 @@ class RunOptions:
                 raise UsageError(f"run option {f.name} must be a finite number, not {v!r}")
             if v < 0 and f.name not in ("priority", "gpus"):
                 raise UsageError(f"run option {f.name} must be non-negative, not {v!r}")
+            if abs(v) > _LIMITS.get(f.name, 2**63 - 1):
+                raise UsageError(f"run option {f.name} must be at most {_LIMITS.get(f.name, 2**63 - 1)} "
+                                 f"in size, not {v!r}")
         if self.lease_ttl_s < 0.5:
             raise UsageError("run option lease_ttl_s must be at least 0.5 seconds")
 

@@ -13,16 +13,16 @@ import signal
 import time
 
 from ..home import Home
-from ..states import Actor, RunState, TaskState
+from ..states import RunState, TaskState
 from ..store.base import RunRecord, Store, TaskRecord, now
+from .exits import exit_report_path
 from .outage import EXIT_DISK_FULL, disk_full_line
 from .procs import controller_alive, pid_alive, wait_dead
-from .worker import exit_report_path
 
 
 def reclaim_orphan(
     store: Store, run_id: str, t: TaskRecord, *, prev_host: str | None, host: str, ttl_s: float,
-    actor: Actor,
+    actor: str,
 ) -> None:
     """Make an orphaned RUNNING task PENDING once its attempt can no longer commit.
 

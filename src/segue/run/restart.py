@@ -26,8 +26,8 @@ ALL_STATUSES = ("committed", "quarantined", "pruned")
 def restart_floor(store: Store, run_id: str, step: str) -> int:
     """The highest checkpoint seq of ``step`` discarded by a restart (0: never restarted)."""
     floor = 0
-    for e in store.list_events(run_id):
-        if e.kind == EVENT and e.step == step:
+    for e in store.list_events(run_id, kinds=(EVENT,)):
+        if e.step == step:
             floor = max(floor, int(e.data.get("discarded_through_seq", 0)))
     return floor
 
@@ -68,7 +68,7 @@ def check_step(store: Store, run_id: str, step: str) -> None:
                          f"starts over a step that has not finished; start a new run instead")
 
 
-def restart_step(store: Store, run_id: str, step: str, *, actor: Actor = Actor.CLI) -> int:
+def restart_step(store: Store, run_id: str, step: str, *, actor: str = Actor.CLI) -> int:
     """Discard ``step``'s checkpoints so its next attempt starts fresh; returns the floor seq."""
     check_step(store, run_id, step)
     everything = store.list_checkpoints(run_id, step, statuses=ALL_STATUSES)

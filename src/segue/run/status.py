@@ -25,7 +25,7 @@ def run_status(store: Store, run_id: str, prices: Prices | None = None, *, pool:
         if c.step not in latest or c.seq > latest[c.step].seq:
             latest[c.step] = c
     waiting = {r.step: r for r in getattr(store, "list_requests", lambda: [])() if r.run_id == run_id}
-    failures = last_failures(store.list_events(run_id))  # tracebacks kept by the controller
+    failures = last_failures(store.list_events(run_id, kinds=("failure",)))  # kept by the controller
     steps = []
     for t in tasks:
         ck = latest.get(t.step)
@@ -75,8 +75,8 @@ def _unit(ck: CheckpointRecord | None) -> str | None:
 def paused_seconds(store: Store, run_id: str, until: float | None = None) -> float:
     """Time the run spent PAUSED (or PAUSING), from its event log."""
     total, since = 0.0, None
-    for e in store.list_events(run_id):
-        if e.kind != "run" or e.to_state is None:
+    for e in store.list_events(run_id, kinds=("run",)):
+        if e.to_state is None:
             continue
         if e.to_state in ("PAUSING", "PAUSED") and since is None:
             since = e.time

@@ -33,14 +33,11 @@ from ..home import Home, output_path
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
+from .exits import EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED, exit_report_path
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
 
-EXIT_OK = 0
-EXIT_FAILED = 1
-EXIT_PARKED = 3
-EXIT_FENCED = 4
-EXIT_ORPHANED = 5
-# EXIT_DISK_FULL = 6 (see .outage): a write failed for lack of space; the run pauses.
+__all__ = ["EXIT_FAILED", "EXIT_FENCED", "EXIT_OK", "EXIT_ORPHANED", "EXIT_PARKED", "exit_report_path",
+           "main", "run_attempt"]
 
 log = logging.getLogger("segue.worker")
 
@@ -120,10 +117,6 @@ def describe_error(exc: BaseException, home: Home, run_id: str) -> str:
         where = getattr(exc, "filename", None) or home.root
         return disk_full_line(str(where), where, run_id)
     return f"{type(exc).__name__}: {exc}"
-
-
-def exit_report_path(home: Home, run_id: str, step: str, epoch: int) -> Path:
-    return home.logs_dir(run_id) / f"{step}.e{epoch}.exit.json"
 
 
 def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int) -> int:

@@ -8,7 +8,7 @@ figures of a step are a share of the host, not a hard floor.
 from __future__ import annotations
 
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import UsageError
 from ..flow.model import StepSpec
@@ -20,13 +20,13 @@ from .policy import step_need
 
 def check_satisfiable(
     steps: Mapping[str, StepSpec], order: Sequence[str], *, gpus: int = -1, gpu_memory: int = 0,
-    pool: HostPoolStore | None = None, host: str | None = None,
+    pool: HostPoolStore | Callable[[], HostPoolStore] | None = None, host: str | None = None,
 ) -> None:
     """Raise UsageError naming the step, its need and the host's capacity if it can never fit."""
     needs = {s: step_need(steps, s, gpus, gpu_memory) for s in order}
     if not any(n.gpus for n in needs.values()):
         return  # CPU-only runs never need the pool at submit
-    pool = pool if pool is not None else open_pool()
+    pool = open_pool() if pool is None else pool() if callable(pool) else pool
     hp = ensure_host(pool, host or socket.gethostname())
     for step, need in needs.items():
         why = never_fits(need, hp)

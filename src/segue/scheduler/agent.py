@@ -96,7 +96,7 @@ class RunScheduler:
         return run_id if home == self.home else f"{run_id} of home {home}"
 
     # -- placing ---------------------------------------------------------------
-    def try_place(self, step: str, *, actor: Actor) -> Placement | None:
+    def try_place(self, step: str, *, actor: str) -> Placement | None:
         need = self.need(step)
         prio = self.effective_priority()
         if self.victims and not self._victims_parked():
@@ -130,7 +130,7 @@ class RunScheduler:
         self._reasons.pop(step, None)
         return Placement(task, res.devices)
 
-    def _start(self, step: str, alloc: Allocated, actor: Actor) -> TaskRecord | None:
+    def _start(self, step: str, alloc: Allocated, actor: str) -> TaskRecord | None:
         """Start the attempt in the home store for an allocation the pool just made."""
         try:
             task = self.store.start_placed_attempt(

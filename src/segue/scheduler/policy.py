@@ -24,15 +24,19 @@ AGING_CAP = PRIORITY_CLASSES["high"]
 def parse_priority(value: str | int) -> int:
     """'urgent' | 'high' | 'normal' | 'batch' or an integer -> an integer priority."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
+        text = str(value)
+    else:
+        text = str(value).strip().lower()
     if text in PRIORITY_CLASSES:
         return PRIORITY_CLASSES[text]
     try:
-        return int(text)
+        number = int(text)
     except ValueError:
         names = ", ".join(PRIORITY_CLASSES)
         raise UsageError(f"priority {value!r} is unknown; use one of {names} or an integer") from None
+    if abs(number) > 10**6:
+        raise UsageError(f"priority {value!r} is out of range; use -1000000 to 1000000")
+    return number
 
 
 def priority_name(priority: int) -> str:
@@ -40,6 +44,12 @@ def priority_name(priority: int) -> str:
         if priority == value:
             return name
     return str(priority)
+
+
+def priority_class(priority: int) -> str:
+    """The class whose band holds ``priority``: the highest class at or below it."""
+    at_or_below = [(v, n) for n, v in PRIORITY_CLASSES.items() if v <= priority]
+    return max(at_or_below)[1] if at_or_below else "batch"
 
 
 def default_preemptible(priority: int) -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -131,22 +130,11 @@ def load_overrides(home_root: Path) -> dict[str, float]:
 
 def save_overrides(home_root: Path, usd: Mapping[str, float]) -> None:
     """Atomically replace the prices file (temp file, fsync, rename, fsync the directory)."""
+    from .._atomic import write_atomic
+
     home_root.mkdir(parents=True, exist_ok=True)
-    p = _path(home_root)
-    tmp = p.with_name(f".{PRICES_FILE}.tmp")
     data = json.dumps({"version": PRICES_VERSION, "usd": dict(sorted(usd.items()))}, indent=1)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, data.encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, p)
-    dfd = os.open(home_root, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    write_atomic(_path(home_root), data.encode(), mode=0o600)
 
 
 @dataclass(frozen=True)

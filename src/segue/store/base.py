@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..states import Actor, RunState, TaskState
+from ..states import RunState, TaskState
 
 Clock = Callable[[], float]
 
@@ -148,7 +148,7 @@ class Store(ABC):
 
     # -- runs ----------------------------------------------------------------
     @abstractmethod
-    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: Actor) -> RunRecord:
+    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: str) -> RunRecord:
         """Insert the run (PENDING) and one PENDING task per step, plus a creation event.
 
         Raises RunExistsError if the id is taken.
@@ -159,11 +159,21 @@ class Store(ABC):
         """Raises UnknownRunError."""
 
     @abstractmethod
-    def list_runs(self) -> list[RunRecord]:
-        """All runs, newest first."""
+    def list_runs(self, *, states: Collection[RunState] | None = None, flow: str | None = None,
+                  limit: int | None = None, offset: int = 0) -> list[RunRecord]:
+        """Runs, newest first: those in ``states`` (all if None) of ``flow`` (all if
+        None), ``limit`` of them (all if None) after skipping ``offset``."""
+
+    def run_counts(self) -> dict[tuple[RunState, str], int]:
+        """How many runs there are per (state, flow name): a listing's filter counts
+        without reading every record. Backends answer it with one aggregate query."""
+        out: dict[tuple[RunState, str], int] = {}
+        for r in self.list_runs():
+            out[(r.state, r.flow_name)] = out.get((r.state, r.flow_name), 0) + 1
+        return out
 
     @abstractmethod
-    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: Actor, reason: str) -> RunRecord:
+    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: str, reason: str) -> RunRecord:
         """Replace the run's stored options (an operator's change at resume), with an event."""
 
     @abstractmethod
@@ -172,7 +182,7 @@ class Store(ABC):
         run_id: str,
         to: RunState,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         only_from: Collection[RunState] | None = None,
         controller_epoch: int | None = None,
@@ -220,7 +230,7 @@ class Store(ABC):
         step: str,
         to: TaskState,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         epoch: int | None = None,
         only_from: Collection[TaskState] | None = None,
@@ -236,7 +246,7 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
+    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         """Begin a new attempt: epoch += 1, attempts += 1, state RUNNING, lease set.
 
         Allowed from PENDING or RETRYING. The returned record carries the new
@@ -268,10 +278,13 @@ class Store(ABC):
         path: str,
         position: Any,
         nbytes: int,
+        duration_s: float | None = None,
     ) -> CheckpointRecord:
         """Record a checkpoint whose manifest is already durable (fenced).
 
         ``seq`` must exceed every seq recorded for the task, else StoreError.
+        ``duration_s`` (how long the save took, from the step's call to the
+        durable manifest) goes into the commit event's data, for /metrics.
         """
 
     @abstractmethod
@@ -282,13 +295,13 @@ class Store(ABC):
 
     @abstractmethod
     def set_checkpoint_status(
-        self, run_id: str, step: str, seq: int, status: str, *, actor: Actor, reason: str
+        self, run_id: str, step: str, seq: int, status: str, *, actor: str, reason: str
     ) -> None:
         """Mark a checkpoint quarantined or pruned, with an event."""
 
     @abstractmethod
     def complete_task(
-        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: Actor
+        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: str
     ) -> TaskRecord:
         """RUNNING -> SUCCEEDED with the output reference, in one fenced transaction."""
 
@@ -299,12 +312,15 @@ class Store(ABC):
         run_id: str,
         kind: str,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         step: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> Event: ...
 
     @abstractmethod
-    def list_events(self, run_id: str, *, after_id: int = 0) -> list[Event]:
-        """Events of a run in order (ids ascending), those with id > after_id."""
+    def list_events(self, run_id: str, *, after_id: int = 0,
+                    kinds: Collection[str] | None = None) -> list[Event]:
+        """Events of a run in order (ids ascending), those with id > after_id, of the
+        given ``kinds`` only (all if None): a reader of run transitions need not read
+        the thousands of checkpoint events of a long run."""

@@ -11,6 +11,7 @@ This module owns the schema only; it must never read or write run data.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass
 
@@ -175,7 +176,47 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "webhook outbox (per-hook event cursors, deliveries); checkpoints indexed by status",
+    (
+        # How far each webhook has read the event log: events after it are
+        # matched against the hook and queued; nothing before it is ever sent.
+        """
+        CREATE TABLE notify_cursors (
+            hook_id TEXT PRIMARY KEY,
+            after_event INTEGER NOT NULL
+        )
+        """,
+        # One row per (event, hook): the delivery id is the event id. A pump
+        # claims a row (status sending, with a lease) before it sends, so two
+        # pumps never send the same delivery at once.
+        """
+        CREATE TABLE notify_outbox (
+            event_id INTEGER NOT NULL,
+            hook_id TEXT NOT NULL,
+            run_id TEXT NOT NULL,
+            event TEXT NOT NULL,
+            body TEXT NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('pending','sending','delivered','failed')),
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_at REAL NOT NULL,
+            lease_until REAL,
+            claim TEXT,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (event_id, hook_id)
+        )
+        """,
+        "CREATE INDEX notify_outbox_due ON notify_outbox (status, next_at)",
+        # /metrics reads the live (not pruned) checkpoints, and the newest committed
+        # one of each step, at every scrape: a few rows per step, not its history.
+        "CREATE INDEX checkpoints_by_status ON checkpoints (status, run_id, step, seq)",
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 LATEST = MIGRATIONS[-1].version
 
 
@@ -225,3 +266,21 @@ def migrate(
             conn.execute("ROLLBACK")
         raise
     return known
+
+
+def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:
+    """A connection to a home's database, configured and migrated to this version: how
+    the store, the metrics reader and the webhook outbox each open theirs."""
+    from .sqlite_rows import BUSY_TIMEOUT_S, configure
+
+    try:
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True)
+    except sqlite3.Error as e:
+        raise StoreError(f"cannot open metadata store {path}: {e}") from e
+    try:
+        configure(conn)
+        migrate(conn, str(path))
+    except BaseException:
+        conn.close()
+        raise
+    return conn

@@ -37,10 +37,9 @@ from .base import (
     TaskRecord,
     now,
 )
-from .migrations import migrate
+from .migrations import connect
 from .sqlite_pool import SQLitePoolMixin
 from .sqlite_rows import (
-    BUSY_TIMEOUT_S,
     PerThreadConnection,
     _check_controller_epoch,
     _check_epoch,
@@ -53,7 +52,6 @@ from .sqlite_rows import (
     _run_record,
     _task_record,
     _update_task,
-    configure,
     start_attempt_in,
 )
 
@@ -88,19 +86,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
 
     # -- connections and transactions ------------------------------------------
     def _open(self) -> sqlite3.Connection:
-        try:
-            conn = sqlite3.connect(
-                self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=True
-            )
-        except sqlite3.Error as e:
-            raise StoreError(f"cannot open metadata store {self.path}: {e}") from e
-        try:
-            configure(conn)
-            migrate(conn, str(self.path))
-        except BaseException:
-            conn.close()
-            raise
-        return conn
+        return connect(self.path)  # an older home is migrated here
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
@@ -157,7 +143,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
                 conn.execute("COMMIT")
 
     # -- runs ------------------------------------------------------------------
-    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: Actor) -> RunRecord:
+    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: str) -> RunRecord:
         steps = list(steps)
         dup = sorted({s for s in steps if steps.count(s) > 1})
         if dup:
@@ -189,12 +175,28 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         with self._read() as conn:
             return _run_record(_fetch_run(conn, run_id))
 
-    def list_runs(self) -> list[RunRecord]:
+    def list_runs(self, *, states: Collection[RunState] | None = None, flow: str | None = None,
+                  limit: int | None = None, offset: int = 0) -> list[RunRecord]:
+        where: list[str] = []
+        args: list[str | int] = []
+        if states is not None:
+            where.append(f"state IN ({', '.join('?' for _ in states)})" if states else "0")
+            args += [s.value for s in states]
+        if flow is not None:
+            where.append("flow_name = ?")
+            args.append(flow)
+        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?"
+        args += [-1 if limit is None else int(limit), int(offset)]
         with self._read() as conn:
-            rows = conn.execute("SELECT * FROM runs ORDER BY created_at DESC, rowid DESC")
-            return [_run_record(r) for r in rows]
+            return [_run_record(r) for r in conn.execute(sql, args)]
 
-    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: Actor, reason: str) -> RunRecord:
+    def run_counts(self) -> dict[tuple[RunState, str], int]:
+        with self._read() as conn:
+            rows = conn.execute("SELECT state, flow_name, COUNT(*) AS n FROM runs GROUP BY state, flow_name")
+            return {(RunState(r["state"]), r["flow_name"]): int(r["n"]) for r in rows}
+
+    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: str, reason: str) -> RunRecord:
         with self._write() as conn:
             _fetch_run(conn, run_id)
             t = self._clock()
@@ -208,7 +210,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         run_id: str,
         to: RunState,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         only_from: Collection[RunState] | None = None,
         controller_epoch: int | None = None,
@@ -319,7 +321,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         step: str,
         to: TaskState,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         epoch: int | None = None,
         only_from: Collection[TaskState] | None = None,
@@ -371,7 +373,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
             )
             return _task_record(_fetch_task(conn, run_id, step))
 
-    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: Actor) -> TaskRecord:
+    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         with self._write() as conn:
             return start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor, t=self._clock())
 
@@ -418,6 +420,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         path: str,
         position: Any,
         nbytes: int,
+        duration_s: float | None = None,
     ) -> CheckpointRecord:
         position_json = canonical_json(position)
         with self._write() as conn:
@@ -443,6 +446,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
                 data={
                     "seq": seq, "epoch": epoch, "path": path,
                     "position": position, "nbytes": nbytes,
+                    **({} if duration_s is None else {"duration_s": duration_s}),
                 },
             )
             return _checkpoint_record(
@@ -478,7 +482,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
             return [_checkpoint_record(r) for r in conn.execute(sql, params)]
 
     def set_checkpoint_status(
-        self, run_id: str, step: str, seq: int, status: str, *, actor: Actor, reason: str
+        self, run_id: str, step: str, seq: int, status: str, *, actor: str, reason: str
     ) -> None:
         if status not in CHECKPOINT_STATUSES:
             raise ValueError(
@@ -505,7 +509,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
             )
 
     def complete_task(
-        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: Actor
+        self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: str
     ) -> TaskRecord:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
@@ -537,7 +541,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         run_id: str,
         kind: str,
         *,
-        actor: Actor,
+        actor: str,
         reason: str,
         step: str | None = None,
         data: dict[str, Any] | None = None,
@@ -551,13 +555,15 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
                 conn, run_id, kind, step=step, actor=actor, reason=reason, t=self._clock(), data=data
             )
 
-    def list_events(self, run_id: str, *, after_id: int = 0) -> list[Event]:
+    def list_events(self, run_id: str, *, after_id: int = 0,
+                    kinds: Collection[str] | None = None) -> list[Event]:
+        sql, args = "SELECT * FROM events WHERE run_id = ? AND id > ?", [run_id, after_id]
+        if kinds is not None:
+            sql += f" AND kind IN ({', '.join('?' for _ in kinds)})" if kinds else " AND 0"
+            args += list(kinds)
         with self._read() as conn:
             _fetch_run(conn, run_id)
-            rows = conn.execute(
-                "SELECT * FROM events WHERE run_id = ? AND id > ? ORDER BY id", (run_id, after_id)
-            )
-            return [_event(r) for r in rows]
+            return [_event(r) for r in conn.execute(sql + " ORDER BY id", args)]
 
 
 # -- helpers: connection setup ----------------------------------------------------

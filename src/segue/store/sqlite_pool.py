@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..scheduler.policy import Need
-from ..states import Actor
 from .base import TaskRecord, now
 from .pool import RequestRecord
 
@@ -30,7 +29,7 @@ class SQLitePoolMixin:
         return clock() if clock is not None else now()
 
     def start_placed_attempt(
-        self, run_id: str, step: str, *, ttl_s: float, actor: Actor, data: Mapping[str, Any],
+        self, run_id: str, step: str, *, ttl_s: float, actor: str, data: Mapping[str, Any],
     ) -> TaskRecord:
         """Start an attempt for which the host pool already allocated resources."""
         from .sqlite_rows import start_attempt_in

@@ -147,7 +147,7 @@ def _check_controller_epoch(run_id: str, row: sqlite3.Row, epoch: int) -> None:
 
 
 def _fenced(
-    msg: str, *, run_id: str, step: str | None, actor: Actor, epoch: int, current: int
+    msg: str, *, run_id: str, step: str | None, actor: str, epoch: int, current: int
 ) -> FencedError:
     """A FencedError carrying what the store records about the refusal."""
     err = FencedError(msg)
@@ -176,7 +176,7 @@ def _insert_event(
     run_id: str,
     kind: str,
     *,
-    actor: Actor | str,
+    actor: str | str,
     reason: str,
     t: float,
     step: str | None = None,
@@ -271,7 +271,7 @@ def _event(r: sqlite3.Row) -> Event:
 
 
 def start_attempt_in(
-    conn: sqlite3.Connection, run_id: str, step: str, *, ttl_s: float, actor: Actor,
+    conn: sqlite3.Connection, run_id: str, step: str, *, ttl_s: float, actor: str,
     data: dict[str, Any] | None = None, t: float | None = None,
 ) -> TaskRecord:
     """The body of start_attempt, inside the caller's write transaction."""

@@ -124,8 +124,11 @@ def plan(seed: int, kills: int, pauses: int, controller_share: float = 0.25) -> 
 
 
 class _Cli:
-    def __init__(self, workdir: Path, sandbox: Path) -> None:
+    def __init__(self, workdir: Path, sandbox: Path, pool: Path | None = None) -> None:
         self.workdir = workdir
+        # The sandboxes use the pool of the home verify was started from: a GPU
+        # flow is placed on the same devices, and waits for the same runs.
+        self.pool = ["--pool", str(pool)] if pool is not None else []
         # MARK: every process started from here carries it, so the reaper finds
         # them all (segue.verify.reaper), whatever ends the verify.
         self.env = {**os.environ, "SEGUE_HOME": str(workdir / ".segue"), "PYTHONUNBUFFERED": "1",
@@ -133,7 +136,7 @@ class _Cli:
         self._store: Any = None
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "segue", *args], cwd=self.workdir, env=self.env,
+        proc = subprocess.run([sys.executable, "-m", "segue", *self.pool, *args], cwd=self.workdir, env=self.env,
                               capture_output=True, text=True)
         if check and proc.returncode not in (0, 3):
             raise RuntimeError(f"segue {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
@@ -161,13 +164,13 @@ def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
 def run_verify(
     flow: Path, params: Sequence[str], *, kills: int, pauses: int, seed: int, base: Path,
     log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
-    timeout_s: float = 3600, min_faults: int | None = None,
+    timeout_s: float = 3600, min_faults: int | None = None, pool: Path | None = None,
 ) -> Report:
     flow = flow.resolve()
     clean_dir, faulted_dir = base / "clean", base / "faulted"
     clean_dir.mkdir(parents=True)
     faulted_dir.mkdir(parents=True)
-    clean = _Cli(clean_dir, base)
+    clean = _Cli(clean_dir, base, pool)
     log("clean run ...")
     t0 = time.monotonic()
     proc = clean(*_run_args(flow, params), check=False)
@@ -180,7 +183,7 @@ def run_verify(
     log(f"clean run {clean_state} in {clean_s:.1f}s")
 
     faults = plan(seed, kills, pauses)
-    cli = _Cli(faulted_dir, base)
+    cli = _Cli(faulted_dir, base, pool)
     log(f"faulted run with {kills} kills and {pauses} pause/resume cycles (seed {seed}) ...")
     deadline = time.monotonic() + timeout_s
     t0 = time.monotonic()

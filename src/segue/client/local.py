@@ -1,0 +1,392 @@
+"""``LocalClient``: the client contract over a home directory (no server needed).
+
+It is the library under the CLI: the CLI parses arguments, calls these
+methods and prints what they return. Every option a run needs is passed
+explicitly (to the store, to the controllers it spawns), never through
+environment variables.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import SegueError, UsageError, WaitTimeoutError
+from ..flow import LoadedFlow, load_flow, parse_duration
+from ..flow.model import parse_memory
+from ..home import Home
+from ..run import ops
+from ..run.options import RunOptions
+from ..scheduler.policy import parse_priority
+from ..scheduler.pricing import Prices
+from ..states import Actor, RunState
+from ..store.base import RunRecord, Store, TaskRecord
+from .base import RESTING, BaseClient
+from .records import (
+    CheckpointRecord,
+    DeviceView,
+    Event,
+    PoolView,
+    QueueEntry,
+    RunStatus,
+    RunSummary,
+)
+
+
+def _states(state: str | RunState | Collection[str | RunState] | None) -> set[RunState] | None:
+    if state is None:
+        return None
+    items = [state] if isinstance(state, str | RunState) else list(state)
+    out = set()
+    for s in items:
+        try:
+            out.add(RunState(str(getattr(s, "value", s)).upper()))
+        except ValueError:
+            raise UsageError(f"unknown run state {s!r}; one of "
+                             f"{', '.join(x.value for x in RunState)}") from None
+    return out
+
+
+class LocalClient(BaseClient):
+    """Drive the runs of one home.
+
+    ``home``: the home directory (default ``$SEGUE_HOME`` or ``./.segue``).
+    ``pool``: the host's device pool database (default ``$SEGUE_POOL``, see the
+    README); controllers started by this client use the same one. ``actor``:
+    who the events name as the cause of each change (``"api:alice"`` for a
+    server's principal, ``"cli"`` for the command line).
+    """
+
+    def __init__(self, home: str | os.PathLike[str] | Home | None = None, *,
+                 pool: str | os.PathLike[str] | None = None, actor: str = Actor.API,
+                 prices: Mapping[str, float] | None = None) -> None:
+        from ..store.hostpool import pool_path
+
+        self.home = home if isinstance(home, Home) else Home.resolve(home)
+        self.pool_path = Path(pool).expanduser().resolve() if pool is not None else pool_path()
+        self.actor = actor
+        self._prices = dict(prices or {})
+        self._store: Store | None = None
+        self._pool: Any = None
+        self._parent: LocalClient | None = None  # whose connections this one shares
+        self._loaded: dict[str, LoadedFlow] = {}  # flows this client loaded, by run
+
+    def acting_as(self, actor: str) -> LocalClient:
+        """A client of the same home and pool whose events name ``actor``. It shares this
+        client's store and pool connections (a server makes one per request)."""
+        other = LocalClient(self.home, pool=self.pool_path, actor=actor, prices=self._prices)
+        other._parent = self  # opens nothing now: a home is never created by reading it
+        return other
+
+    # -- plumbing ---------------------------------------------------------------------
+
+    @property
+    def store(self) -> Store:
+        """The home's store (created on first use of a command that writes)."""
+        if self._store is None:
+            self._store = self._parent.store if self._parent is not None else self.home.open_store()
+        return self._store
+
+    def _reading(self) -> Store:
+        ops.require_home(self.home)  # reading never creates a home
+        return self.store
+
+    def _open_pool(self) -> Any:
+        if self._pool is None:
+            from ..store.hostpool import open_pool
+
+            self._pool = self._parent._open_pool() if self._parent is not None else open_pool(self.pool_path)
+        return self._pool
+
+    # -- commands ---------------------------------------------------------------------
+
+    def prepare(
+        self, flow: str, params: Mapping[str, Any] | None = None, *, run_id: str | None = None,
+        priority: str | int | None = None, gpus: int | None = None, gpu_memory: str | int | None = None,
+        preemptible: bool | None = None, max_pause: str | float | None = None,
+        pause_deadline_s: float | None = None, pause_on_failure: bool | None = None,
+        on_input_change: str | None = None, options: Mapping[str, Any] | None = None,
+    ) -> RunSummary:
+        """Validate and create the run (PENDING) without starting a controller;
+        :meth:`drive` runs it in this process (the CLI's foreground `segue run`)."""
+        from ..flow import parse_overrides
+
+        if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
+            raise UsageError(f"gpus must be an integer >= 0, not {gpus!r}")
+        opts = RunOptions.from_json(dict(options or {})).with_changes(
+            on_input_change=on_input_change, pause_deadline_s=pause_deadline_s,
+            pause_on_failure=pause_on_failure,
+            priority=None if priority is None else (
+                priority if isinstance(priority, int) and not isinstance(priority, bool)
+                else parse_priority(str(priority))),
+            gpus=gpus,
+            gpu_memory=None if gpu_memory is None else (
+                gpu_memory if isinstance(gpu_memory, int) else parse_memory(str(gpu_memory), "gpu_memory")),
+            max_pause_s=None if max_pause is None else (
+                float(max_pause) if isinstance(max_pause, int | float) else parse_duration(max_pause, "max_pause")),
+        )
+        if preemptible is not None:  # with_changes skips None; preemptible=None means "by class"
+            opts = RunOptions.from_json({**opts.to_json(), "preemptible": preemptible})
+        raw = {k: v for k, v in (params or {}).items() if isinstance(v, str)}
+        typed = {k: v for k, v in (params or {}).items() if not isinstance(v, str)}
+        values = {**parse_overrides([f"{k}={v}" for k, v in raw.items()]), **typed}
+        prepared = ops.prepare_run(flow, values, run_id=run_id, options=opts, pool=self._open_pool)
+        run = ops.create_run(self.store, prepared, actor=self.actor)
+        self._loaded[run.run_id] = prepared.loaded
+        return self._summary(run)
+
+    def submit(self, flow: str, params: Mapping[str, Any] | None = None, **kw: Any) -> RunSummary:
+        """See :meth:`BaseClient.submit`; returns once a controller drives the run."""
+        summary = self.prepare(flow, params, **kw)
+        return self._started(summary.run_id)
+
+    def start(self, run: str, *, allow_code_change: bool = False) -> int:
+        """Start a background controller for the run; returns its pid."""
+        return ops.spawn_detached(self.home, run, allow_code_change=allow_code_change, pool=self.pool_path)
+
+    def _started(self, run: str, *, allow_code_change: bool = False, timeout_s: float = 60.0) -> RunSummary:
+        """Start a controller and return once it holds the run (its epoch rose) and
+        moved it, so the caller never sees the state from before the start (PENDING,
+        PAUSED); or once the controller is gone (it may have finished the run)."""
+        from ..run.procs import pid_alive
+
+        first = self.store.get_run(run)
+        pid = self.start(run, allow_code_change=allow_code_change)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            record = self.store.get_run(run)
+            if record.controller_epoch > first.controller_epoch and record.state != first.state:
+                return self._summary(record)
+            if not pid_alive(pid):
+                before = first.controller_epoch
+                record = self.store.get_run(run)
+                if record.controller_epoch > before:
+                    return self._summary(record)
+                raise SegueError(f"the controller of run {run!r} exited before it took the run: "
+                                 f"{self._last_line(run)}; see {self.home.logs_dir(run) / 'controller.log'}")
+            if time.monotonic() > deadline:  # a loaded machine: the controller is still starting
+                return self._summary(record)
+            time.sleep(0.02)
+
+    def _last_line(self, run: str) -> str:
+        try:
+            lines = (self.home.logs_dir(run) / "controller.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return "no log"
+        return next((x.strip() for x in reversed(lines) if x.strip()), "no output")
+
+    def drive(self, run: str, *, reason: str, on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None,
+              interrupts: Any = None) -> RunState:
+        """Run the run's controller in this process until the run rests; returns its state."""
+        record = self.store.get_run(run)
+        loaded = self._loaded.pop(run, None) or load_flow(record.flow_path)
+        ctl = ops.make_controller(self.home, self.store, record, loaded, actor=self.actor,
+                                  on_tick=on_tick, interrupts=interrupts, pool=self.pool_path)
+        return ops.drive(ctl, reason=reason)
+
+    def pause(self, run: str, *, wait: bool = False, timeout: float | None = None) -> RunSummary:
+        store = self._reading()
+        record = ops.request_pause(store, run, actor=self.actor)
+        if wait:
+            record = ops.wait_for_state(store, run, set(RESTING), timeout)
+            if record.state not in RESTING:
+                raise WaitTimeoutError(run, record.state, ["PAUSED"], timeout or 0.0)
+        return self._summary(record)
+
+    def prepare_resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
+                       on_input_change: str | None = None) -> RunSummary:
+        """Check and store the resume choices without starting a controller (see :meth:`drive`)."""
+        store = self._reading()
+        record = ops.check_resumable(store, run)
+        loaded = load_flow(record.flow_path)
+        ops.check_code(record, loaded, allow_code_change)
+        ops.check_no_live_controller(record)
+        record = ops.apply_resume_choices(store, record, restart_step=restart_step,
+                                          on_input_change=on_input_change, actor=self.actor)
+        ops.clear_preemption(store, record.run_id)  # the operator resumes it now, not the scheduler
+        # The controller makes the transition; this event says who asked for it.
+        store.append_event(run, "command", actor=self.actor, reason="resume requested",
+                           data={"command": "resume", "restart_step": restart_step})
+        self._loaded[run] = loaded
+        return self._summary(record)
+
+    def resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
+               on_input_change: str | None = None) -> RunSummary:
+        """See :meth:`BaseClient.resume`; returns once a controller drives the run."""
+        self.prepare_resume(run, allow_code_change=allow_code_change, restart_step=restart_step,
+                            on_input_change=on_input_change)
+        self._loaded.pop(run, None)
+        return self._started(run, allow_code_change=allow_code_change)
+
+    def cancel(self, run: str) -> RunSummary:
+        return self._summary(ops.cancel(self._reading(), run, actor=self.actor))
+
+    # -- reading ----------------------------------------------------------------------
+
+    def status(self, run: str) -> RunStatus:
+        from ..errors import StoreError
+        from ..run.status import run_status
+
+        prices = Prices.resolve(self.home.root, self._prices)
+        try:  # the pool counts the attempts running now; status still works without one
+            pool = self._open_pool()
+        except StoreError:
+            pool = None
+        doc = run_status(self._reading(), run, prices, pool=pool,
+                         home_key=str(self.home.root))
+        return RunStatus.from_json(doc)
+
+    def summary(self, run: str) -> RunSummary:
+        return self._summary(self._reading().get_run(run))
+
+    def _summary(self, r: RunRecord, shown: str | None = None) -> RunSummary:
+        return RunSummary(run_id=r.run_id, state=r.state, shown=shown or r.state.value,
+                          priority=int(r.options.get("priority", 100)), flow=r.flow_name,
+                          created_at=r.created_at, updated_at=r.updated_at)
+
+    def runs(self, *, state: str | RunState | Collection[str | RunState] | None = None,
+             flow: str | None = None, limit: int | None = None, offset: int = 0) -> list[RunSummary]:
+        from ..scheduler.views import display_states
+
+        want = _states(state)
+        if limit is not None and limit < 0 or offset < 0:
+            raise UsageError("limit and offset must be >= 0")
+        if not self.home.exists():
+            return []
+        store = self.store
+        rows = store.list_runs(states=want, flow=flow, limit=limit, offset=offset)
+        shown = display_states(store, rows)
+        return [self._summary(r, shown[r.run_id]) for r in rows]
+
+    def events(self, run: str, *, after: int = 0, follow: bool = False,
+               poll_s: float = 0.1) -> Iterator[Event]:
+        store = self._reading()
+        store.get_run(run)  # an unknown run is an error, now, not at the first next()
+        return self._events(store, run, after, follow, poll_s)
+
+    def _events(self, store: Store, run: str, after: int, follow: bool, poll_s: float) -> Iterator[Event]:
+        while True:
+            batch = store.list_events(run, after_id=after)
+            yield from batch
+            if batch:
+                after = batch[-1].id
+            if not follow:
+                return
+            record = store.get_run(run)
+            if record.state in RESTING or (record.state != RunState.PENDING
+                                           and not record.controller_alive()):
+                # One more read: what was committed with the last state change.
+                yield from store.list_events(run, after_id=after)
+                return
+            time.sleep(poll_s)
+
+    def checkpoints(self, run: str) -> list[CheckpointRecord]:
+        store = self._reading()
+        store.get_run(run)
+        return store.list_checkpoints(run, statuses=("committed", "quarantined", "pruned"))
+
+    def output(self, run: str, step: str, *, allow_pickle: bool = False, as_json: bool = True) -> Any:
+        """The step's return value; ``as_json=False`` keeps arrays as arrays."""
+        from ..run.outputs import read_output, to_json
+
+        value = read_output(run, step, self.home.root, allow_pickle=allow_pickle)
+        return to_json(value, f"output of step {step!r}") if as_json else value
+
+    def logs(self, run: str, step: str | None = None, *, attempt: int | None = None,
+             follow: bool = False) -> Iterator[str]:
+        for chunk in self.log_bytes(run, step, attempt=attempt, follow=follow):
+            yield chunk.decode("utf-8", errors="replace")
+
+    def log_bytes(self, run: str, step: str | None = None, *, attempt: int | None = None,
+                  follow: bool = False) -> Iterator[bytes]:
+        """The logs as raw bytes (what the attempts wrote, undecoded)."""
+        import io
+
+        from ..errors import SegueError
+        from ..run.logs import attempt_logs, follow_chunks, print_logs
+
+        if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
+            raise UsageError(f"attempt must be >= 1, not {attempt}")
+        if follow and attempt is not None:
+            raise UsageError("following shows every attempt as it starts; drop the attempt")
+        store = self._reading()
+        if follow:
+            store.get_run(run)
+            return follow_chunks(self.home, store, run, step)
+        found = attempt_logs(self.home, store, run, step, attempt)
+        if attempt is not None and not found[0].path.exists():
+            raise SegueError(f"no log of attempt {attempt} of step {step!r} at {found[0].path}: it "
+                             f"ran before logs were kept per attempt (see `segue logs {run} {step}`)"
+                             ", on another machine, or its log was deleted")
+        buf = io.BytesIO()
+        print_logs(found, buf, headers=attempt is None)
+        return iter([buf.getvalue()] if buf.getvalue() else [])
+
+    def pool(self) -> PoolView:
+        import socket
+
+        from ..scheduler.devices import ensure_host, gpu_processes
+        from ..scheduler.views import pool_doc
+
+        pool = self._open_pool()
+        hp = ensure_host(pool, socket.gethostname())
+        doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if any(
+            not d.virtual for d in hp.devices) else {}, home=str(self.home.root))
+        return PoolView(**{**doc, "devices": [DeviceView.from_json(d) for d in doc["devices"]],
+                           "pool": str(pool.path)})
+
+    def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
+                       memory: str | int | None = None) -> PoolView:
+        """Set this host's pool to ``gpus`` virtual GPUs (for machines without a driver)."""
+        import socket
+
+        from ..scheduler.devices import host_memory, virtual_gpus
+
+        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
+            raise UsageError(f"gpus must be an integer >= 0, not {gpus!r}")
+        if cpus is not None and not cpus > 0:
+            raise UsageError("cpus must be > 0")
+        mem = parse_memory(gpu_memory, "gpu_memory")
+        host_mem = host_memory() if memory is None else parse_memory(memory, "memory") or 0
+        self._open_pool().configure_host(
+            socket.gethostname(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
+            devices=virtual_gpus(gpus, mem or 0), source="configured")
+        return self.pool()
+
+    def detect_pool(self, *, replace: bool = False) -> PoolView:
+        """Re-detect this host's GPUs (NVML or nvidia-smi)."""
+        import socket
+
+        from ..scheduler.devices import detect_gpus, host_memory
+
+        pool = self._open_pool()
+        host = socket.gethostname()
+        source, devices = detect_gpus()
+        old = pool.get_host(host)
+        virtual = [d for d in old.devices if d.virtual] if old else []
+        if virtual and not replace:
+            # Detection would silently drop what someone configured on purpose.
+            raise UsageError(
+                f"the pool of {host} has {len(virtual)} configured virtual gpu"
+                f"{'' if len(virtual) == 1 else 's'} and detection found {len(devices)} "
+                f"({source}); pass --replace to replace them, or keep them")
+        pool.configure_host(host, cpus=old.cpus if old else float(os.cpu_count() or 1),
+                            memory=host_memory(), devices=devices, source=source)
+        return self.pool()
+
+    def queue(self) -> list[QueueEntry]:
+        from ..scheduler.policy import priority_name
+
+        now = time.time()
+        return [QueueEntry(
+            home=r.home, run_id=r.run_id, step=r.step, host=r.host, priority=r.priority,
+            priority_class=priority_name(r.priority), needs=r.need.describe(),
+            waiting_s=round(now - r.submitted_at, 3), reason=r.reason,
+        ) for r in self._open_pool().list_requests()]
+
+    def __repr__(self) -> str:
+        return f"LocalClient({str(self.home.root)!r})"
+

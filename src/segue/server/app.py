@@ -1,0 +1,336 @@
+"""The HTTP API of `segue server`: the client contract over REST, one route per method.
+
+    GET  /api/runs                          Client.runs       (viewer)
+    POST /api/runs                          Client.submit     (operator, may resume the class)
+    GET  /api/runs/{run}                    Client.status     (viewer)
+    POST /api/runs/{run}/pause              Client.pause      (operator, may pause the class)
+    POST /api/runs/{run}/resume             Client.resume     (operator, may resume the class)
+    POST /api/runs/{run}/cancel             Client.cancel     (operator, may pause the class)
+    GET  /api/runs/{run}/events             Client.events     (viewer; ?follow=true: SSE)
+    GET  /api/runs/{run}/progress           SSE: the status at each change, until the run rests
+    GET  /api/runs/{run}/checkpoints        Client.checkpoints
+    GET  /api/runs/{run}/steps/{step}/output  Client.output
+    GET  /api/runs/{run}/logs               Client.logs       (?follow=true: SSE)
+    GET  /api/pool, /api/queue              Client.pool, Client.queue
+    PUT  /api/pool                          configure the pool (admin)
+    GET  /api/whoami                        the caller's principal
+
+Errors are JSON ``{"error": one line, "type": the segue.errors class}`` with the
+status of :data:`STATUS`; a 4xx never wrote anything. Every mutation goes
+through the client with the principal as the actor, so its event names who.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from fastapi import Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from .. import errors
+from ..client.local import LocalClient
+from ..home import Home
+from ..run.logs import attempt_logs, check_step
+from ..scheduler.policy import priority_class
+from .auth import Principal, Role
+from .security import Security
+
+# The HTTP status of each error class (the nearest ancestor listed wins).
+STATUS: dict[type[errors.SegueError], int] = {
+    errors.UnknownRunError: 404,
+    errors.RunExistsError: 409,
+    errors.RunStateError: 409,
+    errors.ControllerConflictError: 409,
+    errors.CodeChangedError: 409,
+    errors.SinkOwnedError: 409,
+    errors.ConflictError: 409,
+    errors.WaitTimeoutError: 408,
+    errors.PermissionDeniedError: 403,
+    errors.UsageError: 400,
+    errors.SegueError: 500,
+}
+
+
+def status_of(exc: errors.SegueError) -> int:
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]  # type: ignore[index]
+    return 500
+
+
+def error_body(message: str, kind: str) -> dict[str, str]:
+    return {"error": " ".join(message.split()), "type": kind}
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not ignored
+
+
+class SubmitBody(_Body):
+    flow: str = Field(description="path of the flow file on the server's machine")
+    params: dict[str, Any] = Field(default_factory=dict)
+    run_id: str | None = None
+    priority: str | int | None = None
+    gpus: int | None = Field(default=None, ge=0)
+    gpu_memory: str | int | None = None
+    preemptible: bool | None = None
+    max_pause: str | float | None = None
+    pause_deadline_s: float | None = Field(default=None, ge=0)
+    pause_on_failure: bool | None = None
+    on_input_change: Literal["fail", "pin", "include-new"] | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PauseBody(_Body):
+    wait: bool = False
+    timeout: float | None = Field(default=None, ge=0, le=3600)
+
+
+class ResumeBody(_Body):
+    allow_code_change: bool = False
+    restart_step: str | None = None
+    on_input_change: Literal["fail", "pin", "include-new"] | None = None
+
+
+# A size in bytes the pool can store (SQLite INTEGER): beyond it, or negative, a 422, not a 500.
+_Bytes = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class PoolBody(_Body):
+    gpus: int = Field(ge=0, le=1024)
+    gpu_memory: _Bytes | str = "80GB"
+    cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # inf would be stored, then unservable
+    memory: _Bytes | str | None = None
+
+
+RunId = Annotated[str, Query(min_length=1, max_length=128)]
+
+
+def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: bool = True,
+               allowed_origins: tuple[str, ...] = ()) -> FastAPI:
+    """The server's app over ``home``; ``auth=False`` only for a loopback bind (the CLI checks)."""
+    app = FastAPI(title="segue", version=_version(), docs_url="/api/docs", openapi_url="/api/openapi.json",
+                  redoc_url=None)
+    sec = Security(home, auth=auth, allowed_origins=allowed_origins)
+    base = LocalClient(home, pool=pool)
+    app.state.home = home
+    app.state.security = sec
+    app.state.pool = base.pool_path
+
+    # Every request's client shares base's store and pool connections (one per thread),
+    # opened at the first request that needs them.
+    def client_for(p: Principal) -> LocalClient:
+        return base.acting_as(p.actor)
+
+    viewer = Depends(sec.require(Role.VIEWER))
+    operator = Depends(sec.require(Role.OPERATOR, mutation=True))
+    admin = Depends(sec.require(Role.ADMIN, mutation=True))
+    streamer = Depends(sec.require(Role.VIEWER, stream=True))  # event streams check Origin too
+
+    @app.exception_handler(errors.SegueError)
+    async def _segue_error(request: Request, exc: errors.SegueError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), type(exc).__name__), status_code=status_of(exc))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path"))
+        return JSONResponse(error_body(f"invalid {where or 'request'}: {first.get('msg', 'invalid')}",
+                                       "ValidationError"), status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return JSONResponse(error_body(str(exc.detail), "HTTPError"), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    def check_may(p: Principal, action: str, run: str | None = None, priority: int | None = None) -> None:
+        if priority is None:
+            priority = base.summary(_run_id(run or "")).priority
+        cls = priority_class(priority)
+        if not p.may(action, cls):
+            raise errors.PermissionDeniedError(f"token {p.name!r} may not {action} runs of class {cls!r}; "
+                             f"ask an admin for a token that may (`segue token create --may-{action}`)")
+
+    # -- runs --------------------------------------------------------------------
+
+    @app.get("/api/runs")
+    def list_runs(p: Principal = viewer, state: list[str] | None = Query(None),
+                  flow: str | None = Query(None, max_length=256),
+                  limit: int = Query(100, ge=1, le=1000), offset: int = Query(0, ge=0)) -> JSONResponse:
+        rows = client_for(p).runs(state=state, flow=flow, limit=limit, offset=offset)
+        return JSONResponse([r.to_json() for r in rows])
+
+    @app.post("/api/runs", status_code=201)
+    def submit(body: SubmitBody, p: Principal = operator) -> JSONResponse:
+        from ..scheduler.policy import parse_priority
+
+        prio = parse_priority(body.priority) if body.priority is not None else int(
+            body.options.get("priority", 100)) if isinstance(body.options.get("priority", 100), int) else 100
+        check_may(p, "resume", priority=prio)
+        kw = body.model_dump(exclude={"flow", "params"})
+        summary = client_for(p).submit(body.flow, body.params, **kw)
+        return JSONResponse(summary.to_json(), status_code=201)
+
+    @app.get("/api/runs/{run_id}")
+    def status(run_id: str, p: Principal = viewer) -> JSONResponse:
+        return JSONResponse(client_for(p).status(_run_id(run_id)).to_json())
+
+    @app.post("/api/runs/{run_id}/pause")
+    def pause(run_id: str, body: PauseBody | None = None, p: Principal = operator) -> JSONResponse:
+        body = body or PauseBody()
+        check_may(p, "pause", run_id)
+        return JSONResponse(client_for(p).pause(run_id, wait=body.wait, timeout=body.timeout).to_json())
+
+    @app.post("/api/runs/{run_id}/resume")
+    def resume(run_id: str, body: ResumeBody | None = None, p: Principal = operator) -> JSONResponse:
+        body = body or ResumeBody()
+        check_may(p, "resume", run_id)
+        return JSONResponse(client_for(p).resume(run_id, **body.model_dump()).to_json())
+
+    @app.post("/api/runs/{run_id}/cancel")
+    def cancel(run_id: str, p: Principal = operator) -> JSONResponse:
+        check_may(p, "pause", run_id)
+        return JSONResponse(client_for(p).cancel(run_id).to_json())
+
+    @app.get("/api/runs/{run_id}/events", response_model=None)
+    def events(request: Request, run_id: str, p: Principal = streamer,
+               after: int = Query(0, ge=0, le=2**63 - 1), follow: bool = False) -> Any:  # SQLite's int
+        c = client_for(p)
+        if follow:  # Server-Sent Events; a reconnecting browser sends Last-Event-ID
+            last = request.headers.get("last-event-id", "")
+            start = max(after, int(last)) if last.isdigit() else after
+            it = c.events(_run_id(run_id), after=start, follow=True)
+            return StreamingResponse(_sse(it, lambda e: (str(e.id), "event", asdict(e))),
+                                     media_type="text/event-stream", headers=_NO_BUFFER)
+        return JSONResponse([asdict(e) for e in c.events(_run_id(run_id), after=after)])
+
+    @app.get("/api/runs/{run_id}/progress", response_model=None)
+    def progress(run_id: str, p: Principal = streamer, poll_s: float = Query(0.5, ge=0.1, le=10)) -> Any:
+        """Server-Sent Events: the run's status each time it changes, until the run rests."""
+        c = client_for(p)
+        first = c.status(_run_id(run_id))  # an unknown run is a 404 now, not inside the stream
+        return StreamingResponse(_sse(_progress(c, first, poll_s), lambda d: (None, "status", d)),
+                                 media_type="text/event-stream", headers=_NO_BUFFER)
+
+    @app.get("/api/runs/{run_id}/checkpoints")
+    def checkpoints(run_id: str, p: Principal = viewer) -> JSONResponse:
+        return JSONResponse([asdict(c) for c in client_for(p).checkpoints(_run_id(run_id))])
+
+    @app.get("/api/runs/{run_id}/steps/{step}/output")
+    def output(run_id: str, step: str, p: Principal = viewer) -> JSONResponse:
+        value = client_for(p).output(_run_id(run_id), check_step(step))
+        return JSONResponse({"run_id": run_id, "step": step, "value": value})
+
+    @app.get("/api/runs/{run_id}/logs", response_model=None)
+    def logs(run_id: str, p: Principal = streamer,
+             step: str | None = Query(None, max_length=64), attempt: int | None = Query(None, ge=1),
+             follow: bool = False) -> Any:
+        c = client_for(p)
+        if step is not None:
+            check_step(step)
+        if follow:  # checked before the stream starts: inside it, an error can only cut the answer short
+            c.log_bytes(_run_id(run_id), step, attempt=attempt, follow=True)  # the run; no attempt given
+            attempt_logs(c.home, c.store, run_id, step)  # the step is one of the run's
+        chunks = c.logs(_run_id(run_id), step, attempt=attempt, follow=follow)
+        if follow:
+            return StreamingResponse(_sse(chunks, lambda t: (None, "log", {"text": t})),
+                                     media_type="text/event-stream", headers=_NO_BUFFER)
+        return StreamingResponse(iter([c.encode() for c in chunks]), media_type="text/plain; charset=utf-8")
+
+    # -- pool ---------------------------------------------------------------------
+
+    @app.get("/api/pool")
+    def get_pool(p: Principal = viewer) -> JSONResponse:
+        return JSONResponse(client_for(p).pool().to_json())
+
+    @app.put("/api/pool")
+    def set_pool(body: PoolBody, p: Principal = admin) -> JSONResponse:
+        view = client_for(p).configure_pool(gpus=body.gpus, gpu_memory=body.gpu_memory, cpus=body.cpus,
+                                            memory=body.memory)
+        return JSONResponse(view.to_json())
+
+    @app.get("/api/queue")
+    def get_queue(p: Principal = viewer) -> JSONResponse:
+        return JSONResponse([q.to_json() for q in client_for(p).queue()])
+
+    @app.get("/api/whoami")
+    def whoami(p: Principal = viewer) -> JSONResponse:
+        return JSONResponse(p.to_json())
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> JSONResponse:
+        return JSONResponse({"ok": True})
+
+    for extend in _EXTENSIONS:
+        extend(app, client_for, sec)
+    return app
+
+
+# Optional parts (the web UI, /metrics) register themselves here: each gets the
+# app, a function from a principal to its client, and the security object.
+_EXTENSIONS: list[Callable[[FastAPI, Callable[[Principal], LocalClient], Security], None]] = []
+
+
+_NO_BUFFER = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+
+
+def _run_id(run_id: str) -> str:
+    from ..home import check_run_id
+
+    return check_run_id(run_id)
+
+
+def _sse(items: Iterator[Any], frame: Callable[[Any], tuple[str | None, str, Any]]) -> Iterator[bytes]:
+    yield b": segue event stream\n\n"  # flushes the headers at once
+    try:
+        for item in items:
+            ident, kind, data = frame(item)
+            head = f"id: {ident}\n" if ident is not None else ""
+            yield f"{head}event: {kind}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+    except errors.SegueError as exc:  # after the 200 header: say it in the stream, end it cleanly
+        body = error_body(str(exc), type(exc).__name__)
+        yield f"event: error\ndata: {json.dumps(body)}\n\n".encode()
+    yield b"event: end\ndata: {}\n\n"
+
+
+def _progress(c: LocalClient, first: Any, poll_s: float) -> Iterator[dict[str, Any]]:
+    """Status documents, one per change (state, progress, checkpoints), until the run rests."""
+    import time
+
+    from ..client.base import RESTING
+
+    st, last = first, None
+    while True:
+        doc = st.to_json()
+        key = json.dumps([doc["state"], doc["updated_at"], [(s["state"], s["progress"], s["last_checkpoint"])
+                                                           for s in doc["steps"]]], default=str)
+        if key != last:
+            yield doc
+            last = key
+        if st.state in RESTING:
+            return
+        time.sleep(poll_s)
+        st = c.status(st.run_id)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+def home_file(home: Home, relative: str) -> Path:
+    """A path inside the home, or UsageError: every file the server serves goes through here."""
+    root = home.root.resolve()
+    target = (root / relative).resolve()
+    if target != root and root not in target.parents:
+        raise errors.UsageError(f"path {relative!r} is outside the home; refused")
+    return target
