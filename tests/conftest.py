@@ -22,6 +22,18 @@ atexit.register(shutil.rmtree, _SESSION_POOL, True)
 os.environ["SEGUE_POOL"] = str(Path(_SESSION_POOL) / "pool.db")
 
 
+# The longest modules start first: with two xdist workers, a long test that
+# starts last decides when the suite ends (see `make test`, --dist worksteal).
+LONG_FIRST = ("test_kill_campaign.py", "test_disk_full.py", "test_map_steps.py", "test_verify.py",
+              "test_preemption.py", "test_server_fuzz.py", "test_server_load.py", "test_enospc_stress.py",
+              "test_accounting.py", "test_faults.py", "test_ui_browser.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(LONG_FIRST)))  # stable: the rest keep their order
+
+
 def _processes_under(root: str) -> list[int]:
     """Pids of this user's processes whose command line names a path under ``root``."""
     pids = []

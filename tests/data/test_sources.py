@@ -157,6 +157,21 @@ def test_bad_json_line_becomes_bad_record(tmp_path: Path) -> None:
     assert b.records[1].raw == "{oops" and b.records[2] == {"a": 2} and b.position["records"] == 3
 
 
+def test_jsonl_bom_and_invalid_utf8_parse_as_json_does(tmp_path: Path) -> None:
+    # Lines are decoded as UTF-8 before parsing (fast path); a line that is not plain
+    # UTF-8 falls back to json's own byte handling: a BOM is accepted as json.loads
+    # accepts it, and bytes that are no text become a bad record, not an exception.
+    (tmp_path / "x.jsonl").write_bytes(b'\xef\xbb\xbf{"a": 1}\n{"a": "\xff"}\n{"a": "\xc3\xa9"}\n')
+    src = JsonlSource(str(tmp_path / "x.jsonl"))
+    (b,) = list(src.shards(src.snapshot())[0].read({"offset": 0, "records": 0}))
+    assert b.has_bad and b.records[0] == {"a": 1} and isinstance(b.records[1], BadRecord)
+    assert b.records[2] == {"a": "\u00e9"} and b.position["records"] == 3
+    (tmp_path / "y.jsonl").write_bytes(b'{"a": "\xc3\xa9"}\n')
+    src = JsonlSource(str(tmp_path / "y.jsonl"))
+    (b,) = list(src.shards(src.snapshot())[0].read({"offset": 0, "records": 0}))
+    assert not b.has_bad and b.records == [{"a": "\u00e9"}]
+
+
 def test_shard_order_is_documented(tmp_path: Path) -> None:
     for name in ("b.jsonl", "a.jsonl", "c/d.jsonl"):
         (tmp_path / name).parent.mkdir(exist_ok=True)

@@ -12,7 +12,7 @@ Checkpoints are immutable: saving over a published one is refused. Format v1
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
+import functools
 import json
 import platform
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -62,8 +62,10 @@ def _norm(path: str) -> str:
     return p
 
 
-def versions() -> dict[str, str]:
-    """Library versions recorded in every manifest."""
+@functools.cache
+def _versions() -> tuple[tuple[str, str], ...]:
+    import importlib.metadata  # 60 ms to import: only when the first manifest is written
+
     # Read from package metadata, so recording torch's version never imports torch.
     out = {"python": platform.python_version(), "numpy": np.__version__}
     for dist in ("segue", "torch"):
@@ -72,7 +74,12 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             if dist == "segue":  # run from a source tree that was never installed
                 out[dist] = "unknown"
-    return out
+    return tuple(out.items())
+
+
+def versions() -> dict[str, str]:
+    """Library versions recorded in every manifest (read once per process)."""
+    return dict(_versions())
 
 
 def check_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
