@@ -19,7 +19,6 @@ import sqlite3
 import subprocess
 import tempfile
 import threading
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -183,7 +182,8 @@ def test_enospc_in_parallel_writes_never_writes_elsewhere(fast_dir: Path) -> Non
     plans = _plans(n_blobs=4, blob_bytes=16 << 10, seed=1)
     pieces = sum(len(b) for p in plans for b in p.batches())
     enospc = succeeded = 0
-    deadline = time.monotonic() + 40  # a bound for a loaded machine; CI does every iteration
+    # Every iteration runs, however slow the machine: the count of faults that
+    # landed, asserted below, must not depend on timing.
     with ThreadPoolExecutor(8) as pool, Bystanders(fast_dir) as by:
         for i in range(ITERATIONS):
             # The fault lands on the k-th pwrite of this save; k past the last
@@ -202,8 +202,6 @@ def test_enospc_in_parallel_writes_never_writes_elsewhere(fast_dir: Path) -> Non
                 for p in plans:
                     storage.remove(p.path)
             assert not by.violations, by.violations
-            if time.monotonic() > deadline:
-                break
         assert not by.violations, by.violations
     by.check_at_rest()
     assert enospc >= 2000, f"only {enospc} saves hit the injected ENOSPC"
