@@ -189,8 +189,10 @@ def test_full_disk_fails_clearly_and_loses_nothing(segue: Segue, counter_ref: An
     wait_for(lambda: segue.step(run, "count")["last_checkpoint"], 30, "a checkpoint")
     assert segue("pause", run, "--wait").returncode == 0
     before = segue.step(run, "count")["last_checkpoint"]
-    # The disk is full now: every save fails at its first blob.
-    env = {"SEGUE_FAULTS": "checkpoint.blob_written:enospc", "SEGUE_FAULTS_IN": "worker"}
+    # The disk is full now: every save fails at its first blob (every hit, not only the
+    # first: a save runs in the background, so the step may start the next ones before
+    # the first one's error reaches it).
+    env = {"SEGUE_FAULTS": "checkpoint.blob_written:enospc:1-1000000", "SEGUE_FAULTS_IN": "worker"}
     proc = segue("resume", run, env=env)
     assert proc.returncode == 3, proc.stderr  # a full disk pauses the run: nothing to retry
     assert segue.status(run)["state"] == "PAUSED"
