@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -70,3 +70,14 @@ def worker_startup_s() -> float:
         subprocess.run([sys.executable, "-c", "import numpy, segue.run.worker"], check=True)
         best = min(best, time.perf_counter() - t0)
     return best
+
+
+def goals(values: dict[str, Any], table: dict[str, tuple[str, float]]) -> dict[str, Any]:
+    """The ``goals`` object every benchmark prints: per key its target, value and whether
+    it was met (None when the figure was not measured)."""
+    out = {}
+    for key, (op, target) in table.items():
+        v = values.get(key)
+        met = None if v is None else (v >= target if op == ">=" else v <= target)
+        out[key] = {"target": f"{op} {target}", "value": v, "met": met}
+    return out

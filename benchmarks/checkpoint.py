@@ -38,6 +38,8 @@ from segue.checkpoint import Checkpointer, IntervalPolicy, LocalStorage, load, s
 from segue.checkpoint.blobs import CHUNK, LARGE_BYTES
 from segue.checkpoint.io import DEFAULT_WORKERS
 
+from . import _probe as pb
+
 MiB = 1 << 20
 
 
@@ -408,9 +410,7 @@ def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small
             f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus",
         ] + (["--smoke: tiny state, one try; figures mean nothing"] if a.smoke else []),
     }
-    out["goals"] = {k: {"target": f"{op} {t}", "value": out[k],
-                        "met": out[k] >= t if op == ">=" else out[k] <= t}
-                    for k, (op, t) in GOALS.items()}
+    out["goals"] = pb.goals(out, GOALS)
     print(json.dumps(out, default=str))
     return 0
 

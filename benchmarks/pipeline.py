@@ -49,6 +49,7 @@ import importlib.util
 import inspect
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -197,20 +198,24 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "init_s": t0 - t_init}))
 def _subprocess_json(cmd: list[str], timeout: float, env: dict[str, str] | None = None,
                      ) -> tuple[dict[str, Any] | None, float, str]:
     t0 = time.perf_counter()
+    # A session of its own: Ray's process reaper ends with os.killpg(0, SIGKILL), which
+    # took this benchmark (and its shell) down with it when they shared a group.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
     try:
-        # A session of its own: Ray's process reaper ends with os.killpg(0, SIGKILL), which
-        # took this benchmark (and its shell) down with it when they shared a group.
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              start_new_session=True)
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # The whole session: Ray's or Beam's workers must not load the next side's tries.
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return None, time.perf_counter() - t0, f"timed out after {timeout:.0f}s"
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
-        err = proc.stderr.strip()
+        err = stderr.strip()
         if "ModuleNotFoundError" in err or "ImportError" in err:
             return None, wall, "not installed"
         return None, wall, f"failed: {err.splitlines()[-1] if err else proc.returncode}"
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     return (json.loads(lines[-1]) if lines else {}), wall, ""
 
 
@@ -498,15 +503,6 @@ GOALS = {  # key: (comparison, target)
 }
 
 
-def goals(values: dict[str, Any], table: dict[str, tuple[str, float]]) -> dict[str, Any]:
-    out = {}
-    for key, (op, target) in table.items():
-        v = values.get(key)
-        met = None if v is None else (v >= target if op == ">=" else v <= target)
-        out[key] = {"target": f"{op} {target}", "value": v, "met": met}
-    return out
-
-
 def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: dict[int, Any],
               resume_sizes: tuple[int, ...], expected: tuple[int, str], notes: list[str],
               a: argparse.Namespace) -> dict[str, Any]:
@@ -564,7 +560,7 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
     elif a.quick:
         out["notes"].append(f"--quick: {n} records; resume measured at 90% of "
                             f"{', '.join(f'{s:,}' for s in resume_sizes)} records")
-    out["goals"] = goals(out, GOALS)
+    out["goals"] = pb.goals(out, GOALS)
     return out
 
 

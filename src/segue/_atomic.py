@@ -11,7 +11,9 @@ import os
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    """A rename or a new entry is durable only once its directory is fsynced; without
+    this a crash can forget the entry even though the file's data is on disk."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
         os.fsync(fd)
     finally:

@@ -44,7 +44,7 @@ def test_submit_wait_output_and_records(client: BaseClient, counter_ref: Any) ->
     assert cks and all(c.run_id == "c1" for c in cks)
     events = list(client.events("c1"))
     assert [e.id for e in events] == sorted(e.id for e in events)
-    assert events[-1].to_state is None or events[-1].id > events[0].id
+    assert [e.to_state for e in events if e.kind == "run"][-1] == "SUCCEEDED"
     later = list(client.events("c1", after=events[len(events) // 2].id))
     assert later == events[len(events) // 2 + 1:]
     logs = "".join(client.logs("c1", "count"))
@@ -117,16 +117,19 @@ def test_both_kinds_return_equal_records(tmp_path: Path, _test_pool: Path, serve
     with segue.Client(server.url, token=server.token) as remote:
         local.submit(COUNTER, {"n": 10, "sleep": "0"}, run_id="eq")
         local.wait("eq", timeout=120)
-        assert remote.status("eq") == local.status("eq") or _same_but_accounting(remote, local)
+        # One comparison of the whole document; the only figure that moves with the
+        # clock between two reads (storage accrued so far) is left out of both.
+        assert _steady(remote.status("eq")) == _steady(local.status("eq"))
         assert remote.runs() == local.runs()
         assert list(remote.events("eq")) == list(local.events("eq"))
         assert remote.checkpoints("eq") == local.checkpoints("eq")
         assert remote.output("eq", "report") == local.output("eq", "report")
 
 
-def _same_but_accounting(a: BaseClient, b: BaseClient) -> bool:
-    x, y = a.status("eq"), b.status("eq")  # accounting of a finished run is fixed too
-    return x.to_json() == y.to_json()
+def _steady(st: Any) -> dict[str, Any]:
+    doc = st.to_json()
+    doc["accounting"]["cost"].pop("storage_so_far")
+    return doc
 
 
 def test_client_factory_refuses_mixed_arguments(tmp_path: Path) -> None:

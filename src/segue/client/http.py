@@ -113,7 +113,9 @@ class HttpClient(BaseClient):
     def runs(self, *, state: str | RunState | Collection[str | RunState] | None = None,
              flow: str | None = None, limit: int | None = None, offset: int = 0) -> list[RunSummary]:
         states = None if state is None else [state] if isinstance(state, str | RunState) else list(state)
-        params: dict[str, Any] = {"offset": offset, "limit": limit or 1000}
+        if limit == 0:
+            return []  # as a home answers; the server pages by 1 to 1000
+        params: dict[str, Any] = {"offset": offset, "limit": 1000 if limit is None else limit}
         if states:
             params["state"] = [str(getattr(s, "value", s)) for s in states]
         if flow is not None:
@@ -180,11 +182,6 @@ class HttpClient(BaseClient):
 
     def queue(self) -> list[QueueEntry]:
         return [QueueEntry.from_json(q) for q in self._call("GET", "/api/queue")]
-
-    def summary(self, run: str) -> RunSummary:
-        st = self.status(run)
-        return RunSummary(run_id=st.run_id, state=st.state, shown=st.state.value, priority=st.priority,
-                          flow=st.flow, created_at=st.created_at, updated_at=st.updated_at)
 
     def __repr__(self) -> str:
         return f"HttpClient({self.url!r})"

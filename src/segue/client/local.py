@@ -112,28 +112,18 @@ class LocalClient(BaseClient):
     ) -> RunSummary:
         """Validate and create the run (PENDING) without starting a controller;
         :meth:`drive` runs it in this process (the CLI's foreground `segue run`)."""
-        from ..flow import parse_overrides
-
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
             raise UsageError(f"gpus must be an integer >= 0, not {gpus!r}")
-        opts = RunOptions.from_json(dict(options or {})).with_changes(
+        opts = RunOptions.from_json(dict(options or {})).with_changes(  # None: keep what is there
             on_input_change=on_input_change, pause_deadline_s=pause_deadline_s,
-            pause_on_failure=pause_on_failure,
-            priority=None if priority is None else (
-                priority if isinstance(priority, int) and not isinstance(priority, bool)
-                else parse_priority(str(priority))),
-            gpus=gpus,
-            gpu_memory=None if gpu_memory is None else (
-                gpu_memory if isinstance(gpu_memory, int) else parse_memory(str(gpu_memory), "gpu_memory")),
-            max_pause_s=None if max_pause is None else (
-                float(max_pause) if isinstance(max_pause, int | float) else parse_duration(max_pause, "max_pause")),
+            pause_on_failure=pause_on_failure, preemptible=preemptible, gpus=gpus,
+            priority=None if priority is None else parse_priority(priority),
+            gpu_memory=parse_memory(gpu_memory, "gpu_memory"),
+            max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
         )
-        if preemptible is not None:  # with_changes skips None; preemptible=None means "by class"
-            opts = RunOptions.from_json({**opts.to_json(), "preemptible": preemptible})
-        raw = {k: v for k, v in (params or {}).items() if isinstance(v, str)}
-        typed = {k: v for k, v in (params or {}).items() if not isinstance(v, str)}
-        values = {**parse_overrides([f"{k}={v}" for k, v in raw.items()]), **typed}
-        prepared = ops.prepare_run(flow, values, run_id=run_id, options=opts, pool=self._open_pool)
+        # Strings are converted by the flow's declared types (as on the command line),
+        # typed values are checked against them: flow.params.resolve does both.
+        prepared = ops.prepare_run(flow, dict(params or {}), run_id=run_id, options=opts, pool=self._open_pool)
         run = ops.create_run(self.store, prepared, actor=self.actor)
         self._loaded[run.run_id] = prepared.loaded
         return self._summary(run)
@@ -188,12 +178,17 @@ class LocalClient(BaseClient):
         return ops.drive(ctl, reason=reason)
 
     def pause(self, run: str, *, wait: bool = False, timeout: float | None = None) -> RunSummary:
-        store = self._reading()
-        record = ops.request_pause(store, run, actor=self.actor)
-        if wait:
-            record = ops.wait_for_state(store, run, set(RESTING), timeout)
-            if record.state not in RESTING:
-                raise WaitTimeoutError(run, record.state, ["PAUSED"], timeout or 0.0)
+        record = ops.request_pause(self._reading(), run, actor=self.actor)
+        return self.wait(run, RESTING, timeout) if wait else self._summary(record)
+
+    def wait(self, run: str, states: Collection[str | RunState] = RESTING, timeout: float | None = None,
+             poll_s: float = 0.05) -> RunSummary:
+        """See :meth:`BaseClient.wait`; here a pause whose controller is gone is settled
+        while waiting (``ops.wait_for_state``), as `segue pause --wait` does."""
+        want = _states(list(states)) or set()
+        record = ops.wait_for_state(self._reading(), run, want, timeout, poll_s, actor=self.actor)
+        if record.state not in want:
+            raise WaitTimeoutError(run, record.state, sorted(s.value for s in want), timeout or 0.0)
         return self._summary(record)
 
     def prepare_resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
@@ -226,16 +221,18 @@ class LocalClient(BaseClient):
 
     # -- reading ----------------------------------------------------------------------
 
-    def status(self, run: str) -> RunStatus:
+    def status(self, run: str, *, prices: Mapping[str, float] | None = None) -> RunStatus:
+        """See :meth:`BaseClient.status`; ``prices``: USD per hour by key for this
+        reading (over the home's and the built-in ones, see `segue prices`)."""
         from ..errors import StoreError
         from ..run.status import run_status
 
-        prices = Prices.resolve(self.home.root, self._prices)
+        prices_now = Prices.resolve(self.home.root, {**self._prices, **(prices or {})})
         try:  # the pool counts the attempts running now; status still works without one
             pool = self._open_pool()
         except StoreError:
             pool = None
-        doc = run_status(self._reading(), run, prices, pool=pool,
+        doc = run_status(self._reading(), run, prices_now, pool=pool,
                          home_key=str(self.home.root))
         return RunStatus.from_json(doc)
 
@@ -297,33 +294,28 @@ class LocalClient(BaseClient):
 
     def logs(self, run: str, step: str | None = None, *, attempt: int | None = None,
              follow: bool = False) -> Iterator[str]:
-        for chunk in self.log_bytes(run, step, attempt=attempt, follow=follow):
-            yield chunk.decode("utf-8", errors="replace")
+        return _decoded(self.log_bytes(run, step, attempt=attempt, follow=follow))  # checks now
 
     def log_bytes(self, run: str, step: str | None = None, *, attempt: int | None = None,
                   follow: bool = False) -> Iterator[bytes]:
-        """The logs as raw bytes (what the attempts wrote, undecoded)."""
-        import io
-
+        """The logs as raw bytes (what the attempts wrote, undecoded), streamed file by
+        file. Bad arguments, an unknown run or step raise now, not at the first next()."""
         from ..errors import SegueError
-        from ..run.logs import attempt_logs, follow_chunks, print_logs
+        from ..run.logs import attempt_logs, follow_chunks, stream_logs
 
         if attempt is not None and (isinstance(attempt, bool) or attempt < 1):
             raise UsageError(f"attempt must be >= 1, not {attempt}")
         if follow and attempt is not None:
             raise UsageError("following shows every attempt as it starts; drop the attempt")
         store = self._reading()
+        found = attempt_logs(self.home, store, run, step, attempt)  # checks the run and the step
         if follow:
-            store.get_run(run)
             return follow_chunks(self.home, store, run, step)
-        found = attempt_logs(self.home, store, run, step, attempt)
         if attempt is not None and not found[0].path.exists():
             raise SegueError(f"no log of attempt {attempt} of step {step!r} at {found[0].path}: it "
                              f"ran before logs were kept per attempt (see `segue logs {run} {step}`)"
                              ", on another machine, or its log was deleted")
-        buf = io.BytesIO()
-        print_logs(found, buf, headers=attempt is None)
-        return iter([buf.getvalue()] if buf.getvalue() else [])
+        return stream_logs(found, headers=attempt is None)
 
     def pool(self) -> PoolView:
         import socket
@@ -390,3 +382,14 @@ class LocalClient(BaseClient):
     def __repr__(self) -> str:
         return f"LocalClient({str(self.home.root)!r})"
 
+
+def _decoded(chunks: Iterator[bytes]) -> Iterator[str]:
+    """UTF-8 text of ``chunks``; a character cut between two chunks is joined again."""
+    import codecs
+
+    dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    for chunk in chunks:
+        if text := dec.decode(chunk):
+            yield text
+    if tail := dec.decode(b"", final=True):
+        yield tail

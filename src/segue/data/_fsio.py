@@ -13,12 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .._atomic import fsync_dir as fsync_dir
-from .._atomic import write_atomic as _write_atomic
+from .._atomic import write_atomic as write_atomic
 from ..errors import FencedError
-
-
-def write_atomic(path: str, data: bytes) -> None:
-    _write_atomic(path, data)
 
 
 @contextmanager

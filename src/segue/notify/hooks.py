@@ -15,7 +15,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import secrets
 import time
 from collections.abc import Iterator
@@ -47,7 +46,6 @@ DEFAULT_EVENTS = ("failed", "paused", "preempted", "succeeded")
 
 _BY_STATE = {RunState.FAILED: "failed", RunState.PAUSED: "paused", RunState.SUCCEEDED: "succeeded",
              RunState.CANCELLED: "cancelled", RunState.RUNNING: "running"}
-_ID = re.compile(r"h[0-9a-f]{8}")
 
 MAX_ATTEMPTS = 8  # then the delivery is given up (status failed, `segue webhook ls` counts it)
 BACKOFF_S = 2.0  # first retry after this, doubling: 2, 4, 8 ... capped at BACKOFF_CAP_S
@@ -233,10 +231,3 @@ def read_secret_file(path: str | Path) -> str:
         raise UsageError(f"the secret file {path} must hold one line")
     return secret
 
-
-def is_hook_id(text: str) -> bool:
-    return bool(_ID.fullmatch(text))
-
-
-def hooks_path(home: Home) -> Path:
-    return home.root / HOOKS_FILE

@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from ..home import Home
-from ..store.base import now
 from .pump import Pump, PumpResult
 
 log = logging.getLogger("segue.notify")
@@ -67,16 +65,7 @@ class Notifier:
                 pass
 
     def _drain(self, pump: Pump) -> None:
-        deadline = time.monotonic() + self._drain_s
-        while time.monotonic() < deadline:
-            left = deadline - time.monotonic()
-            r = self._once(pump, deadline=now() + left)
-            if r is None or r.next_due is None:
-                return
-            wait = r.next_due - now()
-            if wait >= deadline - time.monotonic():
-                return  # the next retry falls after the deadline: the next pump's
-            time.sleep(min(max(wait, 0.02), 0.5))
+        pump.drain(self._drain_s, once=lambda until: self._once(pump, deadline=until), max_sleep_s=0.5)
 
     def _once(self, pump: Pump, deadline: float | None = None) -> PumpResult | None:
         try:

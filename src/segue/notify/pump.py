@@ -18,6 +18,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._canon import canonical_json
@@ -84,6 +85,26 @@ class Pump:
     def close(self) -> None:
         if self._box is not None:
             self._box.close()
+
+    def drain(self, seconds: float, *, once: Callable[[float], PumpResult | None] | None = None,
+              max_sleep_s: float = 1.0) -> tuple[int, int]:
+        """Deliver (and retry) what is due for up to ``seconds``; stop early once nothing
+        is due before the deadline. ``once(deadline)`` replaces ``run_once`` (a notifier
+        that must not raise passes its guarded one; None from it stops the drain).
+        Returns (delivered, given up)."""
+        deadline = time.monotonic() + seconds
+        delivered = given_up = 0
+        while time.monotonic() < deadline:
+            until = self.clock() + (deadline - time.monotonic())
+            r = once(until) if once is not None else self.run_once(deadline=until)
+            if r is None:
+                break
+            delivered, given_up = delivered + r.delivered, given_up + r.given_up
+            wait = None if r.next_due is None else r.next_due - self.clock()
+            if wait is None or wait >= deadline - time.monotonic():
+                break  # nothing due before the deadline: the next pump's
+            time.sleep(min(max(wait, 0.02), max_sleep_s))
+        return delivered, given_up
 
     def run_once(self, *, limit: int = 50, deadline: float | None = None) -> PumpResult:
         """Queue, then send up to ``limit`` due deliveries, none started after ``deadline``

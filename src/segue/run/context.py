@@ -320,7 +320,8 @@ class StepContext:
         """Feed the run's own failure history to the "auto" interval."""
         stats: dict[str, float] = getattr(self._store, "get_stats", lambda r: {})(self.run_id)
         uptime = float(stats.get(f"step:{self.step}:s", 0.0))
-        failures = sum(1 for e in self._store.list_events(self.run_id)
+        # The failure detector writes task transitions and failure records only.
+        failures = sum(1 for e in self._store.list_events(self.run_id, kinds=("task", "failure"))
                        if e.step == self.step and e.actor == Actor.FAILURE_DETECTOR.value)
         if uptime > 0 and failures:
             self._interval.observe_failures(uptime, failures)

@@ -12,15 +12,14 @@ and a checked step name, so it stays inside the home.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import re
 import time
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..errors import UsageError
 from ..home import Home, check_run_id
@@ -104,65 +103,48 @@ def attempt_logs(home: Home, store: Store, run_id: str, step: str | None = None,
     return out
 
 
-def print_logs(logs: list[AttemptLog], out: BinaryIO, *, headers: bool) -> dict[Path, int]:
-    """Write every log to ``out``; returns the offset reached in each (for --follow)."""
-    offsets: dict[Path, int] = {}
+CHUNK = 1 << 20  # logs stream in pieces of this size: a huge log never sits in memory whole
+
+
+def _chunks_from(path: Path, offset: int) -> Iterator[bytes]:
+    """What ``path`` holds past ``offset``, in pieces (nothing if it is not written yet)."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return  # the attempt is starting, or it ran elsewhere
+    with f:
+        f.seek(offset)
+        while piece := f.read(CHUNK):
+            yield piece
+
+
+def stream_logs(logs: list[AttemptLog], *, headers: bool) -> Iterator[bytes]:
+    """Every log in turn, each after its header line when ``headers``."""
     for lg in logs:
         if headers:
-            out.write(f"{lg.header()}\n".encode())
-        offsets[lg.path] = _copy_from(lg.path, 0, out)
-    return offsets
-
-
-def _copy_from(path: Path, offset: int, out: BinaryIO) -> int:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
-    except FileNotFoundError:
-        return offset  # not written yet (the attempt is starting), or written elsewhere
-    out.write(data)
-    out.flush()
-    return offset + len(data)
-
-
-def follow(home: Home, store: Store, run_id: str, step: str | None, out: BinaryIO,
-           *, poll_s: float = 0.2) -> RunState:
-    """Print the logs, then what they gain, until the run is finished or paused (or no
-    live controller drives it any more). Returns the state the run stopped in."""
-    chunks = follow_chunks(home, store, run_id, step, poll_s=poll_s)
-    while True:
-        try:
-            out.write(next(chunks))
-            out.flush()
-        except StopIteration as stop:
-            return stop.value
+            yield f"{lg.header()}\n".encode()
+        yield from _chunks_from(lg.path, 0)
 
 
 def follow_chunks(home: Home, store: Store, run_id: str, step: str | None, *,
                   poll_s: float = 0.2) -> Generator[bytes, None, RunState]:
-    """The logs as they grow, a header before each attempt's first bytes; the
-    generator returns the run's state once the run stopped."""
-    logs = attempt_logs(home, store, run_id, step)
-    first = io.BytesIO()
-    offsets = print_logs(logs, first, headers=True)
-    if first.getvalue():
-        yield first.getvalue()
-    last = logs[-1].path if logs else None
+    """The logs, then what they gain, a header before each attempt's first bytes, until
+    the run is finished or paused (or no live controller drives it any more); the
+    generator returns the state the run stopped in."""
+    offsets: dict[Path, int] = {}
+    last: Path | None = None
     while True:
         run = store.get_run(run_id)
         done = run.state in STOPPED or (run.state != RunState.PENDING
                                         and not run.controller_alive(time.time()))
         # After the run stopped, one more pass: what the last attempt wrote before it ended.
         for lg in attempt_logs(home, store, run_id, step):
-            off = offsets.get(lg.path, 0)
-            if lg.path.exists() and lg.path.stat().st_size > off:
-                buf = io.BytesIO()
+            for piece in _chunks_from(lg.path, offsets.get(lg.path, 0)):
                 if lg.path != last:
-                    buf.write(f"{lg.header()}\n".encode())
+                    yield f"{lg.header()}\n".encode()
                     last = lg.path
-                offsets[lg.path] = _copy_from(lg.path, off, buf)
-                yield buf.getvalue()
+                offsets[lg.path] = offsets.get(lg.path, 0) + len(piece)
+                yield piece
         if done:
             return run.state
         time.sleep(poll_s)

@@ -30,6 +30,7 @@ from ..home import Home, check_run_id
 from ..scheduler.admission import check_satisfiable
 from ..states import Actor, RunState, TaskState, check_run
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
+from ..store.hostpool import open_pool
 from . import restart
 from .controller import Controller, Interrupts
 from .options import RunOptions
@@ -64,7 +65,7 @@ def prepare_run(
         opts = RunOptions.from_json({**opts.to_json(), "pause_on_failure": True})
     # A run that can never be placed on this host is refused now, not left waiting.
     check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory,
-                      pool=pool)
+                      pool=pool or open_pool)
     # A declared sink whose output belongs to another run is refused now (exit 2).
     from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
 
@@ -252,11 +253,11 @@ def settle_orphaned_pause(store: Store, run_id: str, *, actor: str = Actor.CLI) 
 
 def wait_for_state(
     store: Store, run_id: str, states: set[RunState], timeout: float | None,
-    poll_s: float = 0.05,
+    poll_s: float = 0.05, *, actor: str = Actor.CLI,
 ) -> RunRecord:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        run = settle_orphaned_pause(store, run_id)
+        run = settle_orphaned_pause(store, run_id, actor=actor)
         if run.state in states:
             return run
         if deadline is not None and time.monotonic() > deadline:

@@ -8,11 +8,12 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import UsageError
+from ..scheduler.policy import MAX_PRIORITY
 
 # Options whose value is one of a few words (the others are numbers or booleans).
 _CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new")}
 # Bounds that keep a value storable (64-bit columns) and meaningful.
-_LIMITS: dict[str, int] = {"priority": 10**6, "gpus": 1024}
+_LIMITS: dict[str, int] = {"priority": MAX_PRIORITY, "gpus": 1024}
 
 
 @dataclass(frozen=True)

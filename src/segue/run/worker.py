@@ -36,9 +36,6 @@ from .context import Flags, Park, StepContext
 from .exits import EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED, exit_report_path
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
 
-__all__ = ["EXIT_FAILED", "EXIT_FENCED", "EXIT_OK", "EXIT_ORPHANED", "EXIT_PARKED", "exit_report_path",
-           "main", "run_attempt"]
-
 log = logging.getLogger("segue.worker")
 
 

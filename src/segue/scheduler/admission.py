@@ -20,14 +20,13 @@ from .policy import step_need
 
 def check_satisfiable(
     steps: Mapping[str, StepSpec], order: Sequence[str], *, gpus: int = -1, gpu_memory: int = 0,
-    pool: HostPoolStore | Callable[[], HostPoolStore] | None = None, host: str | None = None,
+    pool: Callable[[], HostPoolStore] = open_pool, host: str | None = None,
 ) -> None:
     """Raise UsageError naming the step, its need and the host's capacity if it can never fit."""
     needs = {s: step_need(steps, s, gpus, gpu_memory) for s in order}
     if not any(n.gpus for n in needs.values()):
         return  # CPU-only runs never need the pool at submit
-    pool = open_pool() if pool is None else pool() if callable(pool) else pool
-    hp = ensure_host(pool, host or socket.gethostname())
+    hp = ensure_host(pool(), host or socket.gethostname())  # opened only for a GPU run
     for step, need in needs.items():
         why = never_fits(need, hp)
         if why is None:

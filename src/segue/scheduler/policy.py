@@ -21,21 +21,24 @@ CLASS_STEP = 100
 AGING_CAP = PRIORITY_CLASSES["high"]
 
 
+MAX_PRIORITY = 10**6  # |priority| at most this: it must fit the pool's columns and aging sums
+
+
 def parse_priority(value: str | int) -> int:
     """'urgent' | 'high' | 'normal' | 'batch' or an integer -> an integer priority."""
     if isinstance(value, int) and not isinstance(value, bool):
-        text = str(value)
+        number = value
     else:
         text = str(value).strip().lower()
-    if text in PRIORITY_CLASSES:
-        return PRIORITY_CLASSES[text]
-    try:
-        number = int(text)
-    except ValueError:
-        names = ", ".join(PRIORITY_CLASSES)
-        raise UsageError(f"priority {value!r} is unknown; use one of {names} or an integer") from None
-    if abs(number) > 10**6:
-        raise UsageError(f"priority {value!r} is out of range; use -1000000 to 1000000")
+        if text in PRIORITY_CLASSES:
+            return PRIORITY_CLASSES[text]
+        try:
+            number = int(text)
+        except ValueError:
+            names = ", ".join(PRIORITY_CLASSES)
+            raise UsageError(f"priority {value!r} is unknown; use one of {names} or an integer") from None
+    if abs(number) > MAX_PRIORITY:
+        raise UsageError(f"priority {value!r} is out of range; use {-MAX_PRIORITY} to {MAX_PRIORITY}")
     return number
 
 

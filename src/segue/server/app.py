@@ -38,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from .. import errors
 from ..client.local import LocalClient
 from ..home import Home
-from ..run.logs import attempt_logs, check_step
+from ..run.logs import check_step
 from ..scheduler.policy import priority_class
 from .auth import Principal, Role
 from .security import Security
@@ -123,7 +123,6 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     base = LocalClient(home, pool=pool)
     app.state.home = home
     app.state.security = sec
-    app.state.pool = base.pool_path
 
     # Every request's client shares base's store and pool connections (one per thread),
     # opened at the first request that needs them.
@@ -172,8 +171,8 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     def submit(body: SubmitBody, p: Principal = operator) -> JSONResponse:
         from ..scheduler.policy import parse_priority
 
-        prio = parse_priority(body.priority) if body.priority is not None else int(
-            body.options.get("priority", 100)) if isinstance(body.options.get("priority", 100), int) else 100
+        given = body.priority if body.priority is not None else body.options.get("priority", 100)
+        prio = parse_priority(given if isinstance(given, str | int) else 100)  # a bad type fails in submit
         check_may(p, "resume", priority=prio)
         kw = body.model_dump(exclude={"flow", "params"})
         summary = client_for(p).submit(body.flow, body.params, **kw)
@@ -236,14 +235,14 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
         c = client_for(p)
         if step is not None:
             check_step(step)
-        if follow:  # checked before the stream starts: inside it, an error can only cut the answer short
-            c.log_bytes(_run_id(run_id), step, attempt=attempt, follow=True)  # the run; no attempt given
-            attempt_logs(c.home, c.store, run_id, step)  # the step is one of the run's
-        chunks = c.logs(_run_id(run_id), step, attempt=attempt, follow=follow)
+        # Both calls check the run, the step and the attempt before they return: inside a
+        # stream an error could only cut the answer short.
         if follow:
-            return StreamingResponse(_sse(chunks, lambda t: (None, "log", {"text": t})),
+            text = c.logs(_run_id(run_id), step, attempt=attempt, follow=True)
+            return StreamingResponse(_sse(text, lambda t: (None, "log", {"text": t})),
                                      media_type="text/event-stream", headers=_NO_BUFFER)
-        return StreamingResponse(iter([c.encode() for c in chunks]), media_type="text/plain; charset=utf-8")
+        return StreamingResponse(c.log_bytes(_run_id(run_id), step, attempt=attempt),
+                                 media_type="text/plain; charset=utf-8")
 
     # -- pool ---------------------------------------------------------------------
 

@@ -22,9 +22,8 @@ import json
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import IntEnum
-from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
@@ -108,16 +107,35 @@ class TokenStore:
     def __init__(self, home: Home) -> None:
         self.home = home
         self.path = home.root / TOKENS_FILE
+        self._cache: tuple[tuple[int, int, int], list[dict[str, Any]]] | None = None
 
     def _load(self) -> list[dict[str, Any]]:
+        """The stored tokens. Every request checks one, so the parsed file is kept while
+        its stat is unchanged; a create or a revoke replaces the file, which changes it."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise self._unreadable(exc) from None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if self._cache is not None and self._cache[0] == key:
+            return self._cache[1]
         try:
             doc = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
         except (OSError, ValueError) as exc:
-            raise UsageError(f"cannot read the tokens file {self.path} ({exc}); "
-                             f"fix or remove it, then create tokens with `segue token create`") from None
-        return list(doc.get("tokens", []))
+            raise self._unreadable(exc) from None
+        tokens = doc.get("tokens") if isinstance(doc, dict) else None
+        if not isinstance(tokens, list):
+            raise self._unreadable("no list of tokens in it")
+        self._cache = (key, tokens)
+        return tokens
+
+    def _unreadable(self, why: object) -> UsageError:
+        return UsageError(f"cannot read the tokens file {self.path} ({why}); "
+                          f"fix or remove it, then create tokens with `segue token create`")
 
     def _save(self, tokens: list[dict[str, Any]]) -> None:
         from .._atomic import write_atomic
@@ -131,7 +149,7 @@ class TokenStore:
         if not _NAME.fullmatch(name):
             raise UsageError(f"token name {name!r} must be 1-64 letters, digits, or _.@- "
                              f"(starting with a letter or digit)")
-        tokens = self._load()
+        tokens = list(self._load())  # a copy: the loaded list is cached
         if any(t["name"] == name for t in tokens):
             raise UsageError(f"a token named {name!r} exists; revoke it first with "
                              f"`segue token revoke {name}` or pick another name")
@@ -172,11 +190,3 @@ class TokenStore:
 def _principal(t: dict[str, Any]) -> Principal:
     return Principal(name=t["name"], role=Role.parse(t["role"]), may_pause=list(t.get("may_pause", [ALL])),
                      may_resume=list(t.get("may_resume", [ALL])))
-
-
-def tokens_path(home: Home) -> Path:
-    return home.root / TOKENS_FILE
-
-
-def principal_json(p: Principal) -> dict[str, Any]:
-    return asdict(p) | {"role": p.role.name.lower()}

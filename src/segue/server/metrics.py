@@ -58,7 +58,7 @@ from ..states import Actor, RunState, TaskState
 from ..store.metrics_rows import MetricEvent, MetricsReader, Now
 from ..store.outbox import STATUSES as DELIVERY_STATUSES
 from .app import _EXTENSIONS
-from .auth import Principal, Role
+from .auth import LOCAL, Principal, Role
 from .security import Security
 
 log = logging.getLogger("segue.server")
@@ -252,10 +252,10 @@ class StoreCollector(Collector):
                                 "runs.", value=view.cpus_allocated)
 
 
-def metrics_registry(home: Home, pool: Any = None) -> tuple[CollectorRegistry, StoreCollector]:
-    """A registry holding only the home's collector (never the process-global one)."""
-    client = LocalClient(home, pool=pool)
-    collector = StoreCollector(home, pool_view=client.pool)
+def metrics_registry(home: Home, pool_view: Callable[[], Any]) -> tuple[CollectorRegistry, StoreCollector]:
+    """A registry holding only the home's collector (never the process-global one);
+    ``pool_view`` reads the host pool (the server's client: its connections are shared)."""
+    collector = StoreCollector(home, pool_view=pool_view)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     return registry, collector
@@ -272,7 +272,7 @@ def _warm_up(collector: StoreCollector) -> None:
 
 
 def register(app: FastAPI, client_for: Callable[[Principal], LocalClient], sec: Security) -> None:
-    registry, collector = metrics_registry(app.state.home, app.state.pool)
+    registry, collector = metrics_registry(app.state.home, client_for(LOCAL).pool)
     viewer = sec.require(Role.VIEWER)
     app.router.on_startup.append(lambda: threading.Thread(
         target=_warm_up, args=(collector,), name="segue-metrics-warm-up", daemon=True).start())

@@ -46,7 +46,7 @@ class PerThreadConnection(ABC):
         """Open and configure a new connection to this database."""
 
     def _conn(self) -> sqlite3.Connection:
-        local = self.__dict__.setdefault("_local", threading.local())
+        local = self._local  # set by each subclass's constructor (also after unpickling)
         conn = getattr(local, "conn", None)
         if conn is None or local.pid != os.getpid():
             conn = self._open()
@@ -54,9 +54,7 @@ class PerThreadConnection(ABC):
         return conn
 
     def close(self) -> None:
-        local = self.__dict__.get("_local")
-        if local is None:
-            return
+        local = self._local
         conn = getattr(local, "conn", None)
         if conn is not None and local.pid == os.getpid():
             conn.close()
@@ -176,7 +174,7 @@ def _insert_event(
     run_id: str,
     kind: str,
     *,
-    actor: str | str,
+    actor: str,
     reason: str,
     t: float,
     step: str | None = None,

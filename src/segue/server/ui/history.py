@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...client.records import CheckpointRecord, Event
+from ...run.restart import EVENT as RESTART_EVENT
 
 _SIGNAL = re.compile(r"killed by (SIG[A-Z0-9]+)")
 _BACKOFF = re.compile(r"retry (\d+) of (\d+) in ([0-9.]+)s")
 _PREEMPTED_BY = re.compile(r"preempted by run '([^']+)'")
-RESTART_EVENT = "restart-step"  # segue.run.restart.EVENT (a run-layer constant, copied: no import up)
 
 
 @dataclass

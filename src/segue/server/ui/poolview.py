@@ -10,13 +10,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ...client.base import RESTING
 from ...client.local import LocalClient
 from ...client.records import PoolView, QueueEntry
 from ...errors import SegueError
 from .charts import TimeAxis, Timeline, hms
 from .history import Attempt, read_history
-
-RESTING = ("SUCCEEDED", "FAILED", "CANCELLED", "PAUSED")
 
 
 @dataclass
@@ -38,7 +37,7 @@ def _device_timeline(client: LocalClient, pool: PoolView | None, now: float) -> 
     """Who held which device, from the attempt events of this home's recent runs
     (the pool keeps only current holders; other homes' history is theirs)."""
     recent = [r for r in client.runs(limit=TIMELINE_RUNS * 5)
-              if now - r.updated_at < TIMELINE_WINDOW_S or r.state.value not in RESTING][:TIMELINE_RUNS]
+              if now - r.updated_at < TIMELINE_WINDOW_S or r.state not in RESTING][:TIMELINE_RUNS]
     spans: list[tuple[int, Attempt, str]] = []
     for r in recent:
         for a in read_history(list(client.events(r.run_id)), []).attempts:

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...client.base import RESTING
 from ...client.local import LocalClient
 from ...client.records import CheckpointRecord, Event, RunStatus
 from ...errors import SegueError
@@ -24,7 +25,6 @@ from . import dag
 from .charts import ROW_H, LineChart, TimeAxis, Timeline, hms, line_chart
 from .history import Attempt, History, Interruption, rates, read_history, series
 
-RESTING = ("SUCCEEDED", "FAILED", "CANCELLED", "PAUSED")
 FINISHED = ("SUCCEEDED", "CANCELLED")
 EVENT_FILTERS = ("important", "all", "failures")
 EVENTS_SHOWN = 200
@@ -315,7 +315,7 @@ def run_page(client: LocalClient, p: Principal, run_id: str, *, step: str | None
     cks = client.checkpoints(run_id)
     hist = read_history(events, cks)
     now = time.time()
-    live = st.state.value not in RESTING
+    live = st.state not in RESTING
     t_end = max([now if live else st.updated_at, *(e.time for e in events[-1:])])
     axis = TimeAxis.over([st.created_at, t_end])
     fp = client.store.get_run(run_id).fingerprint
