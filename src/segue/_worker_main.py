@@ -1,10 +1,13 @@
 """Entry point of a worker process: ``python -m segue._worker_main ...``.
 
 A separate module, so that running it as ``__main__`` does not re-execute
-``segue.run.worker``, which the package imports already.
+``segue.run.worker``, which the package imports already. The import is inside
+the guard: the sub-workers of a parallel data step (multiprocessing's "spawn")
+import this module again as ``__mp_main__``, and must not pay for the worker's
+imports (the checkpoint writer, NumPy) that they never use.
 """
 
-from segue.run.worker import main
-
 if __name__ == "__main__":
+    from segue.run.worker import main
+
     main()

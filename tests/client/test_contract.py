@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from segue_helpers import FLOWS
+from segue_helpers import FLOWS, Segue
 
 import segue
 from segue import RunState
@@ -112,6 +112,23 @@ def test_pool_and_queue(client: BaseClient) -> None:
     assert client.queue() == []
 
 
+def test_pool_changes_name_who_made_them(client: BaseClient, tmp_path: Path) -> None:
+    assert client.pool_changes() == []
+    cli = Segue(tmp_path / "home")  # the CLI on the client's home and pool ($SEGUE_POOL)
+    for gpus in (2, 3):
+        proc = cli("pool", "set", "--gpus", str(gpus), "--gpu-mem", "24GB")
+        assert proc.returncode == 0, proc.stderr
+    latest, first = client.pool_changes()  # newest first
+    assert (latest.actor, first.actor) == ("cli", "cli")
+    assert latest.id > first.id and latest.time >= first.time and latest.host == client.pool().host
+    assert (latest.change["before"]["gpus"], latest.change["after"]["gpus"]) == (2, 3)
+    assert latest.change["after"]["gpu_memory"] == [24 * 2**30]
+    assert client.pool_changes(limit=1) == [latest] and client.pool_changes(limit=0) == []
+    for bad in (-1, 1001):
+        with pytest.raises(segue.UsageError, match="limit must be"):
+            client.pool_changes(limit=bad)
+
+
 def test_both_kinds_return_equal_records(tmp_path: Path, _test_pool: Path, server: Any) -> None:
     local = segue.Client(server.home, pool=_test_pool)
     with segue.Client(server.url, token=server.token) as remote:
@@ -124,6 +141,8 @@ def test_both_kinds_return_equal_records(tmp_path: Path, _test_pool: Path, serve
         assert list(remote.events("eq")) == list(local.events("eq"))
         assert remote.checkpoints("eq") == local.checkpoints("eq")
         assert remote.output("eq", "report") == local.output("eq", "report")
+        local.configure_pool(gpus=1)
+        assert remote.pool_changes() == local.pool_changes() != []
 
 
 def _steady(st: Any) -> dict[str, Any]:

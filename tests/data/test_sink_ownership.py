@@ -165,7 +165,27 @@ def _db(tmp_path: Path) -> str:
     return f"sqlite:///{path}"
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def sql_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """An empty ``results`` table in SQLite, or in the session's PostgreSQL (a real server)."""
+    if request.param == "sqlite":
+        return _db(tmp_path)
+    import psycopg
+
+    url: str = request.getfixturevalue("pg_url")
+    with psycopg.connect(url, autocommit=True) as c:
+        for table in ("results", "segue_staged_results", "segue_sink_ledger", "segue_sink_owner"):
+            c.execute(f"DROP TABLE IF EXISTS {table}")
+        c.execute("CREATE TABLE results (k BIGINT, v TEXT)")
+    return url
+
+
 def _rows(url: str) -> list[tuple]:
+    if url.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(url) as c:
+            return sorted(tuple(r) for r in c.execute("SELECT k, v FROM results").fetchall())
     with sqlite3.connect(url[len("sqlite:///"):]) as c:
         return sorted(c.execute("SELECT k, v FROM results").fetchall())
 
@@ -178,8 +198,8 @@ def run_sql(run_id: str, url: str, n: int, tag: str, mode: str = "transactional"
     return run
 
 
-def test_sql_table_owned_by_another_run_is_refused(tmp_path: Path) -> None:
-    url = _db(tmp_path)
+def test_sql_table_owned_by_another_run_is_refused(sql_url: str) -> None:
+    url = sql_url
     run_sql("a", url, 20, "a")
     before = _rows(url)
     with pytest.raises(SinkOwnedError, match=r"^table results belongs to run 'a' \(step 'write'\); "
@@ -188,8 +208,8 @@ def test_sql_table_owned_by_another_run_is_refused(tmp_path: Path) -> None:
     assert _rows(url) == before
 
 
-def test_sql_append_and_overwrite(tmp_path: Path) -> None:
-    url = _db(tmp_path)
+def test_sql_append_and_overwrite(sql_url: str) -> None:
+    url = sql_url
     run_sql("a", url, 20, "a")
     run_sql("b", url, 10, "b", mode="append")
     assert len(_rows(url)) == 30
@@ -205,8 +225,8 @@ def test_sql_append_and_overwrite(tmp_path: Path) -> None:
         run_sql("a", url, 5, "z", mode="append")
 
 
-def test_sql_restart_takes_back_its_rows_only_when_they_are_all_its_own(tmp_path: Path) -> None:
-    url = _db(tmp_path)
+def test_sql_restart_takes_back_its_rows_only_when_they_are_all_its_own(sql_url: str) -> None:
+    url = sql_url
     run_sql("a", url, 20, "a")
     run_sql("a", url, 20, "a")  # started again without state: its rows replaced, not duplicated
     assert _rows(url) == sorted((i, f"a{i}") for i in range(20))

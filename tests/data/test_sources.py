@@ -182,3 +182,41 @@ def test_shard_order_is_documented(tmp_path: Path) -> None:
                                     "00001.0000", "00001.0001", "00001.0002",
                                     "00002.0000", "00002.0001", "00002.0002"]
     assert [k[0][-1] for k in keys[::3]] == ["a.jsonl", "b.jsonl", "d.jsonl"]
+
+
+def test_local_files_list_what_fsspec_lists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local inputs are listed without importing fsspec (a worker's start-up); the
+    paths and the snapshot attributes must be what fsspec's LocalFileSystem gives."""
+    import os
+
+    from fsspec.core import url_to_fs
+
+    from segue.data.sources.files import LOCAL, file_attrs, list_files
+
+    root = tmp_path / "in"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    for rel in ("a.jsonl", "sub/b.jsonl", "sub/deeper/c.jsonl", ".hidden/d.jsonl", "_meta.jsonl"):
+        (root / rel).write_text('{"x": 1}\n')
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "e.jsonl").write_text('{"x": 2}\n')
+    monkeypatch.chdir(tmp_path)
+    for url in ("in", str(root), f"file://{root}", "in/sub/b.jsonl", "in/**/*.jsonl", "in/*.jsonl"):
+        fs, paths = list_files(url)
+        assert fs is LOCAL
+        ref_fs, ref_path = url_to_fs(url)
+        if "*" in url:
+            ref = sorted(p for p in ref_fs.glob(ref_path) if ref_fs.isfile(p))
+        elif ref_fs.isdir(ref_path):
+            ref = sorted(p for p in ref_fs.find(ref_path)
+                         if not any(part.startswith((".", "_")) for part in p[len(ref_path):].split("/")))
+        else:
+            ref = [ref_path]
+        assert paths == ref, url
+        assert [file_attrs(fs, p) for p in paths] == [file_attrs(ref_fs, p) for p in ref]
+    # A symlinked folder is followed (fsspec's find lists the link itself, which no
+    # reader can open as a file).
+    os.symlink(tmp_path / "elsewhere", root / "linked")
+    assert str(root / "linked" / "e.jsonl") in list_files("in")[1]
+    with pytest.raises(FileNotFoundError):
+        file_attrs(LOCAL, str(root / "missing.jsonl"))

@@ -123,6 +123,27 @@ def test_a_waiting_run_shows_waiting_and_fails_when_the_pool_shrinks(segue: Segu
     segue.wait_state("pinned", {"CANCELLED"}, 60)
 
 
+def test_a_preempted_run_fails_when_the_pool_shrinks_under_it(segue: Segue, tmp_path: Path) -> None:
+    gate_low, gate_hi = tmp_path / "gate-low", tmp_path / "gate-hi"
+    setup_pool(segue, 1)
+    _gated(segue, "low", "batch", gate_low)
+    wait_for(lambda: _holding(segue, "low", ticks=1), 120, "low to run and checkpoint")
+    _gated(segue, "hi", "urgent", gate_hi)
+    wait_for(lambda: _holding(segue, "hi"), 120, "the urgent run to get the device")
+    low = segue.wait_state("low", {"PAUSED"}, 120)
+    assert low["controller"]["alive"]  # it waits, PAUSED, for the device to come back
+    segue("pool", "set", "--gpus", "0", check=True)  # it never will
+    low = segue.wait_state("low", {"FAILED"}, 120)
+    assert low["steps"][0]["state"] == "PENDING"  # its checkpoint is kept for a later resume
+    reasons = [e["reason"] for e in segue.events("low") if e["to_state"] in ("RUNNING", "FAILED")]
+    assert reasons[-1].startswith("step 'hold' needs 1 gpu but host ") and "has 0 gpus" in reasons[-1]
+    assert "segue pool set --gpus N" in reasons[-1]
+    assert reasons[-2].endswith("it no longer waits for capacity")
+    assert (str(segue.home.resolve()), "low") not in _pool().parked()
+    gate_hi.touch()
+    segue.wait_state("hi", {"SUCCEEDED"}, 120)  # the run that held the device is unaffected
+
+
 def test_verify_of_a_gpu_flow_uses_the_pool_it_was_started_with(segue: Segue) -> None:
     setup_pool(segue, 1)
     # Before the pool was host-wide, the sandbox home had a pool of its own

@@ -171,6 +171,12 @@ def test_interruptions_are_drawn_with_their_causes(web: TestClient, tokens: dict
     assert html.count('class="box st-') >= 4  # three attempts of count, one of report
     assert "restored by attempt 2" in html and "restored by attempt 3" in html
     assert "mk-pause" in html and "mk-crash" in html and "mk-resume" in html
+    # The DAG marks the step where the run stopped: twice (pause, SIGKILL), the last a crash.
+    node = re.search(r'<g class="node st-SUCCEEDED" id="node-s-count">(.*?)</g>\s*</a>', html, re.S)
+    assert node and '<g class="dag-mark gap-crash" data-kind="crash">' in node.group(1)
+    assert "interrupted here 2 times; last: killed by SIGKILL" in node.group(1)
+    report = re.search(r'id="node-s-report">(.*?)</g>\s*</a>', html, re.S)
+    assert report and "dag-mark" not in report.group(1)  # never interrupted
     failures = web.get("/runs/gaps?events=failures").text
     assert "killed by SIGKILL" in failures and "pause requested" not in failures
     assert 'href="/runs/gaps?step=count&amp;attempt=3"' in html
@@ -199,6 +205,8 @@ def test_preemption_names_the_run_that_preempted(web: TestClient, tokens: dict[s
     segue.wait_state("low", {"SUCCEEDED"}, 120)
     html = web.get("/runs/low").text
     assert "preempted by run hi; resumed by " in html and "mk-preempt" in html
+    assert re.search(r'<g class="dag-mark gap-preempt" data-kind="preempt"><title>interrupted here: '
+                     r'preempted by run hi; resumed by ', html)
     timeline = web.get("/pool").text
     assert 'id="device-timeline"' in timeline and timeline.count('class="box st-') >= 3  # low, hi, low
 
@@ -212,6 +220,11 @@ def test_large_fanout_folds_and_unfolds() -> None:
     assert g.nodes[1].counts == {"RUNNING": 3, "PENDING": 37} and g.nodes[1].state == "RUNNING"
     assert len(g.edges) == 2 and g.has_edges
     assert len(dag.build(steps, edges, frozenset({"shard*"})).nodes) == 42
+    # An interruption of any folded shard marks the folded node, naming the shard.
+    dag.mark_interruptions(g, [("shard_7", "preempt", "preempted by run hi", 10.0),
+                               ("shard_2", "crash", "killed by SIGKILL", 20.0)])
+    assert g.nodes[1].mark == dag.Mark("crash", "shard_2: killed by SIGKILL", 2)
+    assert g.nodes[0].mark is None and g.nodes[2].mark is None
     assert len(dag.build(steps, None).nodes) == 3 and not dag.build(steps, None).has_edges
 
 

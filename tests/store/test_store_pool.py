@@ -214,6 +214,48 @@ def test_pool_location(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert pool_path() == tmp_path / "state" / "segue" / "pool.db"
 
 
+def test_configuration_changes_are_recorded_with_their_actor(hp, clock) -> None:
+    configure(hp, gpus=(80,))  # no actor (a host detected at first use): nothing recorded
+    assert hp.pool_changes() == []
+    hp.configure_host("h", cpus=4.0, memory=64 * GB, devices=[("v0", 40 * GB, True)] * 2,
+                      source="configured", actor="api:alice")
+    clock.t += 5
+    hp.configure_host("other", cpus=2.0, memory=GB, devices=[], source="none", actor="cli")
+    newest, first = hp.pool_changes()
+    assert (newest.host, newest.actor, newest.time) == ("other", "cli", clock.t)
+    assert newest.change["before"] is None and newest.change["after"]["gpus"] == 0
+    assert (first.host, first.actor, first.time) == ("h", "api:alice", clock.t - 5) and first.user
+    assert first.change == {
+        "before": {"source": "configured", "cpus": 8.0, "memory": 64 * GB, "gpus": 1,
+                   "gpu_memory": [80 * GB], "virtual": 1},
+        "after": {"source": "configured", "cpus": 4.0, "memory": 64 * GB, "gpus": 2,
+                  "gpu_memory": [40 * GB], "virtual": 2}}
+    assert hp.pool_changes("h") == [first] and hp.pool_changes(limit=1) == [newest]
+    # A name that looks like SQL is only a value (bound parameters).
+    hp.configure_host("h", cpus=4.0, memory=GB, devices=[], source="configured", actor="x'); DROP TABLE hosts;--")
+    assert hp.pool_changes("h")[0].actor == "x'); DROP TABLE hosts;--" and hp.get_host("h") is not None
+
+
+def test_a_pool_of_schema_1_gains_the_change_log(tmp_path: Path) -> None:
+    import sqlite3
+
+    from segue.store import hostpool
+
+    path = tmp_path / "pool.db"
+    conn = sqlite3.connect(path)  # a pool file written by the segue before pool changes
+    for stmt in hostpool._SCHEMA:
+        conn.execute(stmt)
+    conn.execute("INSERT INTO hosts VALUES ('h', 8, 0, 'configured', 1)")
+    conn.execute("PRAGMA user_version = 1")
+    conn.commit()
+    conn.close()
+    hp = SQLiteHostPool(path)
+    assert hp.get_host("h") is not None and hp.pool_changes() == []  # kept, and the table is there
+    hp.configure_host("h", cpus=8.0, memory=0, devices=[], source="configured", actor="cli")
+    assert [c.actor for c in hp.pool_changes()] == ["cli"]
+    assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == hostpool.VERSION == 2
+
+
 def test_a_newer_pool_schema_is_refused(tmp_path: Path) -> None:
     import sqlite3
 

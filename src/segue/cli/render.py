@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import sys
 import time
-from typing import Any
-
-from rich.console import Console
-from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
+from typing import TYPE_CHECKING, Any
 
 from ..store.base import Event, RunRecord, Store, TaskRecord
+
+if TYPE_CHECKING:  # rich is imported only to draw on a terminal: a command's start-up stays short
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
 
 
 def fmt_time(t: float | None) -> str:
@@ -98,6 +99,9 @@ def latest_units(store: Store, run_id: str) -> dict[str, str]:
 
 def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] | None = None,
                units: dict[str, str] | None = None) -> Table:
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+
     table = Table(title=f"run {run.run_id}  [bold]{run.state.value}[/bold]", expand=False)
     for col in ("step", "state", "progress", "done/total", "attempts", "pid", "last checkpoint"):
         table.add_column(col)
@@ -120,13 +124,19 @@ class RunDisplay:
     def __init__(self, store: Store, run_id: str, console: Console | None = None) -> None:
         self.store = store
         self.run_id = run_id
-        self.console = console or Console(stderr=False)
+        self.console = console
         self.live: Live | None = None
         self.last_event = 0
         self.last_draw = 0.0
 
     def __enter__(self) -> RunDisplay:
-        if self.console.is_terminal:
+        if self.console is None and sys.stdout.isatty():
+            from rich.console import Console
+
+            self.console = Console(stderr=False)
+        if self.console is not None and self.console.is_terminal:
+            from rich.live import Live
+
             self.live = Live(console=self.console, refresh_per_second=8, transient=False)
             self.live.__enter__()
         return self

@@ -25,6 +25,7 @@ from .records import (
     CheckpointRecord,
     DeviceView,
     Event,
+    PoolChange,
     PoolView,
     QueueEntry,
     RunStatus,
@@ -37,8 +38,8 @@ if TYPE_CHECKING:
     from .local import LocalClient as LocalClient
 
 __all__ = [
-    "FINISHED", "RESTING", "BaseClient", "CheckpointRecord", "Client", "DeviceView", "Event", "PoolView",
-    "QueueEntry", "RunStatus", "RunSummary", "StepStatus",
+    "FINISHED", "RESTING", "BaseClient", "CheckpointRecord", "Client", "DeviceView", "Event", "PoolChange",
+    "PoolView", "QueueEntry", "RunStatus", "RunSummary", "StepStatus",
 ]
 
 

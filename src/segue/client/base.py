@@ -14,11 +14,29 @@ from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from ..states import RunState
-from .records import CheckpointRecord, Event, PoolView, QueueEntry, RunStatus, RunSummary
+from .records import (
+    CheckpointRecord,
+    Event,
+    PoolChange,
+    PoolView,
+    QueueEntry,
+    RunStatus,
+    RunSummary,
+)
 
 # The states a run rests in: nothing moves it further without a command.
 RESTING = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.PAUSED})
 FINISHED = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+MAX_POOL_CHANGES = 1000  # the most pool changes one call returns (the server's page)
+
+
+def check_changes_limit(limit: int) -> int:
+    """``limit`` of :meth:`BaseClient.pool_changes`, checked the same way by both clients."""
+    from ..errors import UsageError
+
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= MAX_POOL_CHANGES:
+        raise UsageError(f"limit must be an integer from 0 to {MAX_POOL_CHANGES}, not {limit!r}")
+    return limit
 
 
 class BaseClient(ABC):
@@ -94,6 +112,10 @@ class BaseClient(ABC):
     @abstractmethod
     def pool(self) -> PoolView:
         """This host's devices and who holds them."""
+
+    @abstractmethod
+    def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:
+        """Who changed this host's pool configuration and how, newest first (at most ``limit``)."""
 
     @abstractmethod
     def queue(self) -> list[QueueEntry]:

@@ -14,16 +14,18 @@ from urllib.parse import quote
 
 from .. import errors
 from ..states import RunState
-from .base import BaseClient
+from .base import BaseClient, check_changes_limit
 from .records import (
     CheckpointRecord,
     Event,
+    PoolChange,
     PoolView,
     QueueEntry,
     RunStatus,
     RunSummary,
     checkpoint_from_json,
     event_from_json,
+    pool_change_from_json,
 )
 
 
@@ -179,6 +181,12 @@ class HttpClient(BaseClient):
 
     def pool(self) -> PoolView:
         return PoolView.from_json(self._call("GET", "/api/pool"))
+
+    def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:
+        if check_changes_limit(limit) == 0:
+            return []  # as a home answers; the server takes 1 to 1000
+        return [pool_change_from_json(c) for c in self._call("GET", "/api/pool/changes",
+                                                             params={"limit": limit})]
 
     def queue(self) -> list[QueueEntry]:
         return [QueueEntry.from_json(q) for q in self._call("GET", "/api/queue")]

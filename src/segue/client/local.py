@@ -24,11 +24,12 @@ from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import Prices
 from ..states import Actor, RunState
 from ..store.base import RunRecord, Store, TaskRecord
-from .base import RESTING, BaseClient
+from .base import RESTING, BaseClient, check_changes_limit
 from .records import (
     CheckpointRecord,
     DeviceView,
     Event,
+    PoolChange,
     PoolView,
     QueueEntry,
     RunStatus,
@@ -332,7 +333,8 @@ class LocalClient(BaseClient):
 
     def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
                        memory: str | int | None = None) -> PoolView:
-        """Set this host's pool to ``gpus`` virtual GPUs (for machines without a driver)."""
+        """Set this host's pool to ``gpus`` virtual GPUs (for machines without a driver);
+        the pool records the change with this client's actor (:meth:`pool_changes`)."""
         import socket
 
         from ..scheduler.devices import host_memory, virtual_gpus
@@ -345,11 +347,11 @@ class LocalClient(BaseClient):
         host_mem = host_memory() if memory is None else parse_memory(memory, "memory") or 0
         self._open_pool().configure_host(
             socket.gethostname(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
-            devices=virtual_gpus(gpus, mem or 0), source="configured")
+            devices=virtual_gpus(gpus, mem or 0), source="configured", actor=self.actor)
         return self.pool()
 
     def detect_pool(self, *, replace: bool = False) -> PoolView:
-        """Re-detect this host's GPUs (NVML or nvidia-smi)."""
+        """Re-detect this host's GPUs (NVML or nvidia-smi); recorded like :meth:`configure_pool`."""
         import socket
 
         from ..scheduler.devices import detect_gpus, host_memory
@@ -366,8 +368,15 @@ class LocalClient(BaseClient):
                 f"{'' if len(virtual) == 1 else 's'} and detection found {len(devices)} "
                 f"({source}); pass --replace to replace them, or keep them")
         pool.configure_host(host, cpus=old.cpus if old else float(os.cpu_count() or 1),
-                            memory=host_memory(), devices=devices, source=source)
+                            memory=host_memory(), devices=devices, source=source, actor=self.actor)
         return self.pool()
+
+    def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:
+        import socket
+
+        if check_changes_limit(limit) == 0:
+            return []
+        return self._open_pool().pool_changes(socket.gethostname(), limit=limit)
 
     def queue(self) -> list[QueueEntry]:
         from ..scheduler.policy import priority_name

@@ -3,7 +3,8 @@
 Every record converts both ways (``to_json`` / ``from_json``), so a client
 talking to a home and one talking to `segue server` return equal records:
 the server sends ``to_json()`` and the HTTP client rebuilds the record.
-Events and checkpoints are the store's own records (``segue.store.base``).
+Events and checkpoints are the store's own records (``segue.store.base``), and
+so are pool changes (``segue.store.pool``).
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 
 from ..states import RunState
 from ..store.base import CheckpointRecord, Event
+from ..store.pool import PoolChange
 
 __all__ = [
-    "CheckpointRecord", "DeviceView", "Event", "PoolView", "QueueEntry", "RunStatus", "RunSummary",
-    "StepStatus", "checkpoint_from_json", "event_from_json",
+    "CheckpointRecord", "DeviceView", "Event", "PoolChange", "PoolView", "QueueEntry", "RunStatus",
+    "RunSummary", "StepStatus", "checkpoint_from_json", "event_from_json", "pool_change_from_json",
 ]
 
 
@@ -159,6 +161,10 @@ def event_from_json(d: dict[str, Any]) -> Event:
 
 def checkpoint_from_json(d: dict[str, Any]) -> CheckpointRecord:
     return CheckpointRecord(**_known(CheckpointRecord, d))
+
+
+def pool_change_from_json(d: dict[str, Any]) -> PoolChange:
+    return PoolChange(**_known(PoolChange, d))
 
 
 def _known(cls: type, d: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import logging
 import pickle
 from typing import Any
 
-from ..run.context import Park
+from ..run.park import Park
 from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
 from .pool import LocalProcessPool, SubWorkerLost, SubWorkerPool
 from .sinks.base import Scope, Sink

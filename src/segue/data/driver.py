@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..run.context import Park
+from ..run.park import Park
 from .errors import DeadLetterThresholdError
 from .operators import Operator, operator, record_bytes
 from .sinks.base import Scope, Sink

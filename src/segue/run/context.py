@@ -26,18 +26,12 @@ from ..home import Home, checkpoint_path
 from ..states import Actor
 from ..store.base import Store
 from . import rng
+from .park import Park as Park
 from .restart import no_valid_checkpoint, restart_floor
 
 log = logging.getLogger("segue.step")
 
 DEFAULT_CHECKPOINT_EVERY_S = 30.0
-
-
-class Park(BaseException):
-    """Unwinds a step after it checkpointed on a pause request.
-
-    A BaseException, so a step's ``except Exception`` cannot swallow it.
-    """
 
 
 @dataclass

@@ -345,6 +345,13 @@ class Controller:
         if run.state == RunState.PAUSING:
             return self._pausing(tasks)
         if run.state == RunState.PAUSED and self.sched.preempted():
+            never = self.sched.never_fits_next(tasks, self.order)
+            if never is not None:
+                # The pool shrank while the run waited: waiting is for ever. Resume it
+                # only to fail it with the reason, as a run waiting in RUNNING would.
+                self.sched.resumed_after_preemption()
+                self.prepare(f"{never}; it no longer waits for capacity", actor=Actor.SCHEDULER)
+                return self._unsatisfiable(never)
             if self.sched.capacity_back(tasks, self.order):
                 waited = self.sched.resumed_after_preemption()
                 self._pause_t0 = None

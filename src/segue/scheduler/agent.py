@@ -22,7 +22,7 @@ from ..flow.model import StepSpec
 from ..run.procs import pid_alive
 from ..states import Actor, RunState, TaskState
 from ..store.base import TaskRecord
-from ..store.hostpool import shared_part
+from ..store.hostpool import never_fits, shared_part
 from ..store.pool import Allocated, Denied, HostPoolStore, Placement
 from .accounting import attempt_deltas, rates_of
 from .devices import ensure_host
@@ -322,13 +322,25 @@ class RunScheduler:
         at = self.store.get_stats(self.run_id).get("preempted_at", 0.0)
         return time.time() - at if at > 0 else 0.0
 
-    def capacity_back(self, tasks: list[TaskRecord], order: list[str]) -> bool:
-        """While PAUSED by preemption: is there room again for the next task, in priority order?"""
+    def _next_step(self, tasks: list[TaskRecord], order: list[str]) -> str | None:
+        """The first step, in priority order, that would run next once the run resumes."""
         done = {t.step for t in tasks if t.state == TaskState.SUCCEEDED}
         states = {t.step: t.state for t in tasks}
-        nxt = next((s for s in order if states[s] in (TaskState.PARKED, TaskState.PENDING,
-                                                      TaskState.RETRYING)
-                    and all(u in done for u in self.steps[s].after)), None)
+        return next((s for s in order if states[s] in (TaskState.PARKED, TaskState.PENDING,
+                                                       TaskState.RETRYING)
+                     and all(u in done for u in self.steps[s].after)), None)
+
+    def never_fits_next(self, tasks: list[TaskRecord], order: list[str]) -> str | None:
+        """While PAUSED by preemption: why the next step can no longer ever run on this
+        host (the pool shrank under the waiting run), or None."""
+        nxt = self._next_step(tasks, order)
+        hp = self.pool.get_host(self.host) if nxt is not None else None
+        why = never_fits(self.need(nxt), hp) if nxt is not None and hp is not None else None
+        return None if why is None else f"step {nxt!r} {why}"
+
+    def capacity_back(self, tasks: list[TaskRecord], order: list[str]) -> bool:
+        """While PAUSED by preemption: is there room again for the next task, in priority order?"""
+        nxt = self._next_step(tasks, order)
         if nxt is None:
             return True
         need = self.need(nxt)

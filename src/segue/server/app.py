@@ -12,12 +12,14 @@
     GET  /api/runs/{run}/steps/{step}/output  Client.output
     GET  /api/runs/{run}/logs               Client.logs       (?follow=true: SSE)
     GET  /api/pool, /api/queue              Client.pool, Client.queue
-    PUT  /api/pool                          configure the pool (admin)
+    PUT  /api/pool                          configure the pool (admin; recorded with the principal)
+    GET  /api/pool/changes                  Client.pool_changes (viewer)
     GET  /api/whoami                        the caller's principal
 
 Errors are JSON ``{"error": one line, "type": the segue.errors class}`` with the
 status of :data:`STATUS`; a 4xx never wrote anything. Every mutation goes
-through the client with the principal as the actor, so its event names who.
+through the client with the principal as the actor, so its event names who
+(a pool change is recorded in the host pool's ``pool_changes``, not a run's events).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import errors
+from ..client.base import MAX_POOL_CHANGES
 from ..client.local import LocalClient
 from ..home import Home
 from ..run.logs import check_step
@@ -255,6 +258,11 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
         view = client_for(p).configure_pool(gpus=body.gpus, gpu_memory=body.gpu_memory, cpus=body.cpus,
                                             memory=body.memory)
         return JSONResponse(view.to_json())
+
+    @app.get("/api/pool/changes")
+    def pool_changes(p: Principal = viewer,
+                     limit: int = Query(100, ge=1, le=MAX_POOL_CHANGES)) -> JSONResponse:
+        return JSONResponse([asdict(c) for c in client_for(p).pool_changes(limit=limit)])
 
     @app.get("/api/queue")
     def get_queue(p: Principal = viewer) -> JSONResponse:

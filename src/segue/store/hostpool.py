@@ -35,6 +35,7 @@ from .pool import (
     DeviceRecord,
     HostPool,
     HostPoolStore,
+    PoolChange,
     PreemptionRequest,
     RequestRecord,
 )
@@ -70,7 +71,16 @@ _SCHEMA = (
     """CREATE TABLE parked (home TEXT NOT NULL, run_id TEXT NOT NULL, since REAL NOT NULL,
        PRIMARY KEY (home, run_id))""",
 )
-VERSION = 1
+# Version 2: who changed a host's pool, and how (configure_host with an actor).
+_SCHEMA_V2 = (
+    """CREATE TABLE pool_changes (id INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL,
+       host TEXT NOT NULL, actor TEXT NOT NULL, user TEXT NOT NULL, change TEXT NOT NULL)""",
+    "CREATE INDEX pool_changes_by_host ON pool_changes (host, id)",
+)
+# (version a database has once applied, statements): schemas are frozen once shipped;
+# a change is a new step, applied to older files when they are opened.
+_STEPS: tuple[tuple[int, tuple[str, ...]], ...] = ((1, _SCHEMA), (2, _SCHEMA_V2))
+VERSION = _STEPS[-1][0]
 
 
 def pool_path() -> Path:
@@ -130,10 +140,12 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
                 if version > VERSION:
                     raise StoreError(f"the host pool {self.path} is from a newer segue (schema "
                                      f"{version}); upgrade segue or set {POOL_ENV} to another file")
-                if version == 0:
-                    for stmt in _SCHEMA:
-                        conn.execute(stmt)
-                    conn.execute(f"PRAGMA user_version = {VERSION}")
+                if version < VERSION:
+                    for step, statements in _STEPS:
+                        if step > version:
+                            for stmt in statements:
+                                conn.execute(stmt)
+                    conn.execute(f"PRAGMA user_version = {VERSION}")  # an int of this module
                 conn.execute("COMMIT")
             except BaseException:
                 conn.execute("ROLLBACK")
@@ -171,11 +183,12 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
     # -- hosts ---------------------------------------------------------------
     def configure_host(
         self, host: str, *, cpus: float, memory: int,
-        devices: Sequence[tuple[str, int, bool]], source: str,
+        devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
     ) -> HostPool:
         if cpus <= 0 or memory < 0:
             raise ValueError("a host needs cpus > 0 and memory >= 0")
         with self._write() as conn:
+            before = _host(conn, host)
             conn.execute(
                 "INSERT INTO hosts (host, cpus, memory, source, updated_at) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT (host) DO UPDATE SET cpus = excluded.cpus, memory = excluded.memory,"
@@ -189,7 +202,22 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
             )
             hp = _host(conn, host)
             assert hp is not None  # just written
+            if actor is not None:  # in the same transaction: no change goes unrecorded
+                change = {"before": None if before is None else pool_summary(before),
+                          "after": pool_summary(hp)}
+                conn.execute(
+                    "INSERT INTO pool_changes (time, host, actor, user, change) VALUES (?, ?, ?, ?, ?)",
+                    (self._clock(), host, actor, _os_user(), json.dumps(change, sort_keys=True)))
             return hp
+
+    def pool_changes(self, host: str | None = None, *, limit: int = 100) -> list[PoolChange]:
+        sql, args = "SELECT * FROM pool_changes", list[Any]()
+        if host is not None:
+            sql += " WHERE host = ?"
+            args.append(host)
+        args.append(max(0, int(limit)))
+        with self._read() as conn:
+            return [_pool_change(r) for r in conn.execute(sql + " ORDER BY id DESC LIMIT ?", args)]
 
     def get_host(self, host: str) -> HostPool | None:
         with self._read() as conn:
@@ -403,6 +431,23 @@ def never_fits(need: Need, hp: HostPool) -> str | None:
     return f"needs {gpus} but host {hp.host!r} has {have}; it can never run here"
 
 
+def pool_summary(hp: HostPool) -> dict[str, Any]:
+    """What a pool change records of a host's configuration (before and after)."""
+    return {"source": hp.source, "cpus": hp.cpus, "memory": hp.memory, "gpus": len(hp.devices),
+            "gpu_memory": sorted({d.memory for d in hp.devices}),
+            "virtual": sum(1 for d in hp.devices if d.virtual)}
+
+
+def _os_user() -> str:
+    """The login name of this process's user (the pool is shared by the machine's users)."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (some containers)
+        return f"uid {os.geteuid()}"
+
+
 def _where(other: str, home: str) -> str:
     return "" if other == home else f" of home {other}"
 
@@ -472,6 +517,11 @@ def _request(r: sqlite3.Row) -> RequestRecord:
         need=Need(gpus=r["gpus"], gpu_memory=r["gpu_memory"], cpus=r["cpus"], memory=r["memory"]),
         submitted_at=r["submitted_at"], reason=r["reason"], lease_until=r["lease_until"],
     )
+
+
+def _pool_change(r: sqlite3.Row) -> PoolChange:
+    return PoolChange(id=r["id"], time=r["time"], host=r["host"], actor=r["actor"], user=r["user"],
+                      change=json.loads(r["change"]))
 
 
 def _preemption(r: sqlite3.Row) -> PreemptionRequest:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..scheduler.policy import Capacity, Need
 from .base import TaskRecord
@@ -95,6 +96,18 @@ class PreemptionRequest:
 
 
 @dataclass(frozen=True)
+class PoolChange:
+    """Who changed a host's pool configuration (`segue pool set`, `PUT /api/pool`), and how."""
+
+    id: int
+    time: float
+    host: str
+    actor: str  # as run events name it: "cli", "api:alice"
+    user: str  # the login name of the process that wrote it (the pool is the machine's)
+    change: dict[str, Any]  # {"before": summary or None, "after": summary}; see hostpool.pool_summary
+
+
+@dataclass(frozen=True)
 class Allocated:
     id: int
     devices: tuple[int, ...]
@@ -120,9 +133,14 @@ class HostPoolStore(ABC):
     @abstractmethod
     def configure_host(
         self, host: str, *, cpus: float, memory: int,
-        devices: Sequence[tuple[str, int, bool]], source: str,
+        devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
     ) -> HostPool:
-        """Set a host's capacity and devices ((name, memory bytes, virtual) each)."""
+        """Set a host's capacity and devices ((name, memory bytes, virtual) each). With
+        ``actor`` (who asked), record the change in the same transaction (``pool_changes``)."""
+
+    @abstractmethod
+    def pool_changes(self, host: str | None = None, *, limit: int = 100) -> list[PoolChange]:
+        """Recorded configuration changes, newest first (of ``host``, or of every host)."""
 
     @abstractmethod
     def get_host(self, host: str) -> HostPool | None: ...

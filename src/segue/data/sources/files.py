@@ -13,16 +13,56 @@ from __future__ import annotations
 
 import glob as _glob
 import os
+import stat
 from abc import abstractmethod
 from typing import Any
-
-import fsspec
-from fsspec.core import url_to_fs
 
 from ..errors import PositionError
 from .base import Shard, Source
 
 DEFAULT_SHARD_BYTES = 64 << 20
+
+
+class LocalFiles:
+    """The local disk as the file sources use it: the calls and answers of fsspec's
+    LocalFileSystem they need, without importing fsspec (and asyncio with it) into
+    every worker's start-up. Globs are still fsspec's, so their meaning is one."""
+
+    protocol = ("file", "local")
+
+    def info(self, path: str) -> dict[str, Any]:
+        st = os.stat(path)
+        return {"name": path, "size": st.st_size, "mtime": st.st_mtime,
+                "type": "directory" if stat.S_ISDIR(st.st_mode) else "file"}
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(path)
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(path)
+
+    def find(self, path: str) -> list[str]:
+        """Every file under ``path``, sorted; symlinked folders are followed (fsspec's
+        find lists such a link as a file, which no reader could open)."""
+        return sorted(os.path.join(d, f) for d, _, files in os.walk(path, followlinks=True) for f in files)
+
+    def glob(self, pattern: str) -> list[str]:
+        from fsspec.implementations.local import LocalFileSystem
+
+        return list(LocalFileSystem().glob(pattern))
+
+
+LOCAL = LocalFiles()
+
+
+def _to_fs(url: str) -> tuple[Any, str]:
+    """(filesystem, path) of a URL; a plain path or ``file://`` URL is the local disk."""
+    if "://" not in url or url.startswith("file://"):
+        path = url[len("file://"):] if url.startswith("file://") else url
+        return LOCAL, os.path.abspath(os.path.expanduser(path)) if path else path
+    from fsspec.core import url_to_fs
+
+    return url_to_fs(url)
 
 
 def list_files(urls: str | list[str]) -> tuple[Any, list[str]]:
@@ -31,7 +71,7 @@ def list_files(urls: str | list[str]) -> tuple[Any, list[str]]:
     fs = None
     paths: set[str] = set()
     for url in urls:
-        fs_i, path = url_to_fs(os.fspath(url))
+        fs_i, path = _to_fs(os.fspath(url))
         if fs is None:
             fs = fs_i
         elif type(fs_i) is not type(fs):
@@ -112,6 +152,8 @@ class FileSource(Source):
     def open(self, path: str) -> Any:
         if is_local(self.fs):
             return open(path, "rb", buffering=1 << 20)
+        import fsspec
+
         return fsspec.open(path if "://" in path else f"{self.fs.protocol if isinstance(self.fs.protocol, str) else self.fs.protocol[0]}://{path}", "rb").open()
 
     def item_attrs(self, path: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ label passes through Jinja's autoescaping. No chart library, no script.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -99,9 +100,11 @@ class Timeline:
         return y
 
     def box(self, y: float, t0: float, t1: float, cls: str, title: str, label: str = "", *,
-            inset: float = 3.0) -> None:
+            inset: float = 3.0, short: str = "") -> None:
+        """``short``: the label drawn instead when ``label`` does not fit (the title keeps it all)."""
         x0, x1 = self.axis.x(t0), self.axis.x(t1)
-        self.boxes.append(Box(x0, y + inset, max(x1 - x0, 1.5), ROW_H - 2 * inset, cls, title, label))
+        b = Box(x0, y + inset, max(x1 - x0, 1.5), ROW_H - 2 * inset, cls, title, label)
+        self.boxes.append(b if b.fits or not short else dataclasses.replace(b, label=short))
 
     def dot(self, y: float, t: float, cls: str, title: str) -> None:
         self.dots.append(Box(self.axis.x(t), y + ROW_H / 2, 4, 4, cls, title))

@@ -71,10 +71,20 @@ class Node:
     row: int = 0
     x: float = 0.0
     y: float = 0.0
+    mark: Mark | None = None  # where the run was interrupted: on the step(s) it stopped
 
     @property
     def folded(self) -> bool:
         return len(self.members) > 1
+
+
+@dataclass(frozen=True)
+class Mark:
+    """An interruption marker on a node: the latest gap of its steps, and how many there were."""
+
+    kind: str  # the gap kind: pause | preempt | crash | failure | lost | deadline | code | other
+    label: str  # what stopped it, e.g. "preempted by run hi; resumed by scheduler"
+    count: int
 
 
 @dataclass
@@ -88,6 +98,25 @@ class Graph:
 
 
 NODE_W, NODE_H, GAP_X, GAP_Y, PAD = 150.0, 34.0, 50.0, 14.0, 10.0
+
+
+def mark_interruptions(graph: Graph, gaps: Sequence[tuple[str, str, str, float]]) -> None:
+    """Put a marker on every node whose steps were interrupted: ``gaps`` are (step, kind,
+    cause, start) of the time steps spent stopped between attempts (History.gaps)."""
+    node_of = {m: n for n in graph.nodes for m in n.members}
+    latest: dict[str, tuple[float, str, str]] = {}
+    counts: dict[str, int] = {}
+    for step, kind, cause, start in gaps:
+        n = node_of.get(step)
+        if n is None:
+            continue
+        counts[n.id] = counts.get(n.id, 0) + 1
+        if n.id not in latest or start >= latest[n.id][0]:
+            latest[n.id] = (start, kind, f"{step}: {cause}" if n.folded else cause)
+    for n in graph.nodes:
+        if n.id in latest:
+            _, kind, label = latest[n.id]
+            n.mark = Mark(kind, label, counts[n.id])
 
 
 def group_of(step: str) -> str | None:

@@ -202,7 +202,7 @@ def _gantt(hist: History, steps: list[StepRow], axis: TimeAxis, now: float) -> T
             continue
         end = g.end if g.end is not None else now
         tl.box(rows[g.step], g.start, end, f"gap gap-{g.kind}", f"{g.step}: {g.cause} ({end - g.start:.1f}s)",
-               g.cause, inset=ROW_H / 2 - 2)
+               g.cause, inset=ROW_H / 2 - 2, short=g.cause.split(";")[0])  # "preempted by run hi"
     for m in hist.interruptions:
         tl.mark(m.time, f"mk-{m.kind}", f"{hms(m.time)} {m.label}")
     return tl
@@ -322,6 +322,7 @@ def run_page(client: LocalClient, p: Principal, run_id: str, *, step: str | None
     edges = dag.flow_edges(st.flow_path, fp.get("file") if isinstance(fp, dict) else None,
                            [s.name for s in st.steps])
     graph = dag.build([(s.name, s.state) for s in st.steps], edges, frozenset(expand))
+    dag.mark_interruptions(graph, [(g.step, g.kind, g.cause, g.start) for g in hist.gaps])
     steps = _step_rows(st, graph, events)
     groups: dict[str, list[StepRow]] = {}
     for r in steps:
