@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from .._lazy import numpy_on_first_use
 from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = numpy_on_first_use(globals())  # only array states need it: see segue._lazy
 
 
 def is_array(value: Any) -> bool:

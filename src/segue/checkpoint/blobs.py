@@ -15,15 +15,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import xxhash
 
+from .._lazy import numpy_on_first_use
 from .format import ArrayEntry, OpaqueEntry
 from .jobs import run_all
 from .safetensors_io import header_bytes, pack
 from .tree import Encoded
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = numpy_on_first_use(globals())  # only array states need it: see segue._lazy
 
 BLOB_DIR = "blobs"
 PENDING_DIR = f"{BLOB_DIR}/pending"
@@ -116,7 +121,9 @@ def plan(enc: Encoded, *, large_bytes: int = LARGE_BYTES) -> list[BlobPlan]:
     plans: list[BlobPlan]
     key = (large_bytes, tuple(enc.layout)) if len(enc.layout) == len(enc.arrays) else None
     last = _last_layout  # one read: another thread may replace it, never mutate it
-    if key is not None and last is not None and last[0] == key:
+    if not enc.arrays:
+        plans = []  # a state of JSON only (a data step's): NumPy is never needed
+    elif key is not None and last is not None and last[0] == key:
         arrs = enc.arrays
         # The encoder made every array C-contiguous; only big-endian ones need pack(),
         # and datetimes cannot export a buffer to np.frombuffer.
@@ -184,10 +191,10 @@ class Arena:
     """
 
     def __init__(self) -> None:
-        self.buf = np.empty(0, dtype=np.uint8)
+        self.buf: np.ndarray | None = None  # made at the first save with bytes to copy
 
     def reserve(self, nbytes: int) -> np.ndarray:
-        if self.buf.nbytes < nbytes:
+        if self.buf is None or self.buf.nbytes < nbytes:
             self.buf = np.empty(nbytes, dtype=np.uint8)
             self.buf.fill(0)  # fault the pages in now, not during the timed copy
         return self.buf[:nbytes]
@@ -199,6 +206,8 @@ def stage(plans: list[BlobPlan], arena: Arena, pool: Executor | None) -> list[Bl
     After this returns the caller may change or free its arrays.
     """
     total = sum(s.nbytes for p in plans for s in p.segments)
+    if not total:
+        return plans  # nothing to copy (a state of JSON only)
     buf = arena.reserve(total)
     jobs: list[list[tuple[np.ndarray, Any]]] = [[]]
     job_bytes = 0

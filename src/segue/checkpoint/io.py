@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import numpy as np
-
 from .._faults import fault_point
 from ..errors import CheckpointCorruptError, CheckpointError, StateTypeError
 from . import blobs as _blobs
@@ -67,8 +65,8 @@ def _versions() -> tuple[tuple[str, str], ...]:
     import importlib.metadata  # 60 ms to import: only when the first manifest is written
 
     # Read from package metadata, so recording torch's version never imports torch.
-    out = {"python": platform.python_version(), "numpy": np.__version__}
-    for dist in ("segue", "torch"):
+    out = {"python": platform.python_version()}
+    for dist in ("segue", "numpy", "torch"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:

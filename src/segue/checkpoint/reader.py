@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import numpy as np
 import xxhash
 
 from ..errors import CheckpointCorruptError
@@ -20,6 +19,9 @@ from .blobs import BLOB_DIR
 from .format import MANIFEST_NAME, FileEntry, Manifest, ManifestFormatError
 from .safetensors_io import CHUNK, SafetensorsFormatError, read_safetensors, unpack
 from .storage import CheckpointStorage, check_relpath
+
+if TYPE_CHECKING:
+    import numpy as np
 
 T = TypeVar("T")
 

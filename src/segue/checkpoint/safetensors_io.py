@@ -13,17 +13,23 @@ It never unpickles and never trusts the header: every offset and size is checked
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-import numpy as np
 import xxhash
 
+from .._lazy import numpy_on_first_use
 from ..errors import CheckpointFormatError
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = numpy_on_first_use(globals())  # only array states need it: see segue._lazy
 
 CHUNK = 16 << 20
 """Bytes per write/read call: large enough to be fast, small enough to bound memory."""
@@ -33,23 +39,32 @@ MAX_HEADER = 100 << 20
 
 # safetensors name -> numpy dtype (little-endian). BF16 has no numpy dtype: it is
 # carried as uint16 and only named BF16 in the header.
-ST_TO_NP: dict[str, np.dtype] = {
-    "F64": np.dtype("<f8"),
-    "F32": np.dtype("<f4"),
-    "F16": np.dtype("<f2"),
-    "BF16": np.dtype("<u2"),
-    "C64": np.dtype("<c8"),
-    "I64": np.dtype("<i8"),
-    "I32": np.dtype("<i4"),
-    "I16": np.dtype("<i2"),
-    "I8": np.dtype("i1"),
-    "U64": np.dtype("<u8"),
-    "U32": np.dtype("<u4"),
-    "U16": np.dtype("<u2"),
-    "U8": np.dtype("u1"),
-    "BOOL": np.dtype("?"),
+_ST_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "C64": "<c8",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U64": "<u8",
+    "U32": "<u4",
+    "U16": "<u2",
+    "U8": "u1",
+    "BOOL": "?",
 }
-NP_TO_ST: dict[np.dtype, str] = {dt: name for name, dt in ST_TO_NP.items() if name != "BF16"}
+
+
+@functools.cache
+def st_to_np() -> dict[str, np.dtype]:
+    return {name: np.dtype(code) for name, code in _ST_DTYPES.items()}
+
+
+@functools.cache
+def np_to_st() -> dict[np.dtype, str]:
+    return {dt: name for name, dt in st_to_np().items() if name != "BF16"}
 
 
 class SafetensorsFormatError(CheckpointFormatError):
@@ -86,7 +101,7 @@ def pack(arr: np.ndarray) -> tuple[np.ndarray, str]:
         dt = arr.dtype
     if not arr.flags.c_contiguous:
         arr = arr.copy(order="C")
-    name = NP_TO_ST.get(dt)
+    name = np_to_st().get(dt)
     if name is not None:
         return arr, name
     return arr.reshape(-1).view(np.uint8), "U8"
@@ -115,8 +130,8 @@ def _header(
     for name, arr in arrays.items():
         if name == "__metadata__":
             raise ValueError("array name '__metadata__' is reserved by safetensors; rename it")
-        st = dtypes.get(name) or NP_TO_ST.get(arr.dtype)
-        if st is None or ST_TO_NP[st].itemsize != arr.dtype.itemsize:
+        st = dtypes.get(name) or np_to_st().get(arr.dtype)
+        if st is None or st_to_np()[st].itemsize != arr.dtype.itemsize:
             raise ValueError(
                 f"array {name!r}: dtype {arr.dtype} has no safetensors name; pack() it"
             )
@@ -216,11 +231,11 @@ def _parse_header(
             begin, end = entry["data_offsets"]
         except (TypeError, KeyError, ValueError):
             raise SafetensorsFormatError(f"array {name!r}: malformed header entry") from None
-        if st not in ST_TO_NP:
+        if st not in _ST_DTYPES:
             raise SafetensorsFormatError(f"array {name!r}: unsupported dtype {st!r}")
         if not all(type(d) is int and d >= 0 for d in (*shape, begin, end)):
             raise SafetensorsFormatError(f"array {name!r}: shape and offsets must be ints >= 0")
-        nbytes = math.prod(shape) * ST_TO_NP[st].itemsize
+        nbytes = math.prod(shape) * st_to_np()[st].itemsize
         if end - begin != nbytes:
             raise SafetensorsFormatError(
                 f"array {name!r}: offsets span {end - begin} bytes, dtype x shape needs {nbytes}"
@@ -249,7 +264,7 @@ def read_safetensors(f: BinaryIO) -> ReadResult:
             raise SafetensorsFormatError(
                 f"array {name!r}: starts at {begin}, expected {pos} (gap or overlap)"
             )
-        arr = np.empty(shape, dtype=ST_TO_NP[st])
+        arr = np.empty(shape, dtype=st_to_np()[st])
         flat = arr.reshape(-1).view(np.uint8).data
         for start in range(0, end - begin, CHUNK):
             chunk = flat[start : start + CHUNK]

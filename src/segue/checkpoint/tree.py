@@ -14,15 +14,20 @@ from __future__ import annotations
 import base64
 import math
 import pickle
+import sys
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from .._lazy import numpy_on_first_use
 from ..errors import CheckpointError, StateTypeError
 from . import _jax, _torch
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = numpy_on_first_use(globals())  # only array states need it: see segue._lazy
 
 TAG = "__segue__"
 GENERATORS = ("PCG64", "PCG64DXSM", "MT19937", "Philox", "SFC64")
@@ -110,7 +115,9 @@ class _Encoder:
         t = type(v)
         if v is None or t is bool or t is int or t is str:
             return v
-        if t is np.ndarray:  # first: states are mostly arrays
+        # A value of a NumPy type means NumPy is imported; a JSON state never imports it.
+        npm = sys.modules.get("numpy")
+        if npm is not None and t is npm.ndarray:  # first: states are mostly arrays
             if v.dtype.hasobject or v.dtype.kind == "V":
                 return self.opaque(v, path, f"holds an array of dtype {v.dtype}")
             return {TAG: "ndarray", "ref": self.array(v, None)}
@@ -127,23 +134,10 @@ class _Encoder:
             }
         if t is bytes:
             return {TAG: "bytes", "b64": base64.b64encode(v).decode("ascii")}
-        if t is np.str_:  # flexible scalars: their dtype size follows the value
-            return {TAG: "npscalar", "dtype": "U", "value": str(v)}
-        if t is np.bytes_:
-            return {TAG: "npscalar", "dtype": "S", "b64": base64.b64encode(v).decode("ascii")}
-        if isinstance(v, np.generic) and not (v.dtype.hasobject or v.dtype.kind == "V"):
-            return {
-                TAG: "npscalar",
-                "dtype": v.dtype.str,
-                "b64": base64.b64encode(v.tobytes()).decode("ascii"),
-            }
-        if t is np.random.Generator and type(v.bit_generator).__name__ in GENERATORS:
-            state = self.encode(v.bit_generator.state, (path, ".bit_generator.state"))
-            return {
-                TAG: "generator",
-                "bit_generator": type(v.bit_generator).__name__,
-                "state": state,
-            }
+        if npm is not None:
+            found = self._numpy_value(npm, v, t, path)
+            if found is not None:
+                return found
         if _torch.is_tensor(v):
             host = _torch.to_numpy(v)
             if host is None:
@@ -157,6 +151,27 @@ class _Encoder:
                 return self.opaque(v, path, f"holds a sharded or {v.dtype} JAX array")
             return {TAG: "jax", "ref": self.array(*host)}
         return self.opaque(v, path, f"holds a {_type_name(v)}")
+
+    def _numpy_value(self, npm: Any, v: Any, t: type, path: Path) -> Any:
+        """The encoding of a NumPy scalar or Generator, or None if ``v`` is neither."""
+        if t is npm.str_:  # flexible scalars: their dtype size follows the value
+            return {TAG: "npscalar", "dtype": "U", "value": str(v)}
+        if t is npm.bytes_:
+            return {TAG: "npscalar", "dtype": "S", "b64": base64.b64encode(v).decode("ascii")}
+        if isinstance(v, npm.generic) and not (v.dtype.hasobject or v.dtype.kind == "V"):
+            return {
+                TAG: "npscalar",
+                "dtype": v.dtype.str,
+                "b64": base64.b64encode(v.tobytes()).decode("ascii"),
+            }
+        if t is npm.random.Generator and type(v.bit_generator).__name__ in GENERATORS:
+            state = self.encode(v.bit_generator.state, (path, ".bit_generator.state"))
+            return {
+                TAG: "generator",
+                "bit_generator": type(v.bit_generator).__name__,
+                "state": state,
+            }
+        return None
 
     def mapping(self, d: dict[Any, Any], path: Path) -> Any:
         if d and type(d) is dict and all(type(k) is int for k in d):
