@@ -81,11 +81,11 @@ def cmd_token(a: argparse.Namespace, client: LocalClient) -> int:
     if a.token_cmd == "create":
         role = Role.parse(a.role)
         token = store.create(a.name, role, may_pause=parse_classes(a.may_pause),
-                             may_resume=parse_classes(a.may_resume))
+                             may_resume=parse_classes(a.may_resume), actor=client.actor)
         print(token)
         print(f"token {a.name!r} ({role.name.lower()}) created; it is shown only now", file=sys.stderr)
     elif a.token_cmd == "revoke":
-        store.revoke(a.name)
+        store.revoke(a.name, actor=client.actor)
         print(f"token {a.name!r} revoked")
     else:
         rows = [p.to_json() for p in store.list()]

@@ -14,6 +14,10 @@
     GET  /api/pool, /api/queue              Client.pool, Client.queue
     PUT  /api/pool                          configure the pool (admin; recorded with the principal)
     GET  /api/pool/changes                  Client.pool_changes (viewer)
+    GET  /api/tokens                        the tokens' principals, never a token (admin;
+                                            ?revoked=true: revoked ones too, with who)
+    POST /api/tokens                        create a token; the answer is the only copy (admin)
+    DELETE /api/tokens/{name}               revoke a token, not the last admin one (admin)
     GET  /api/whoami                        the caller's principal
 
 Errors are JSON ``{"error": one line, "type": the segue.errors class}`` with the
@@ -43,7 +47,7 @@ from ..client.local import LocalClient
 from ..home import Home
 from ..run.logs import check_step
 from ..scheduler.policy import priority_class
-from .auth import Principal, Role
+from .auth import Principal, Role, parse_classes
 from .security import Security
 
 # The HTTP status of each error class (the nearest ancestor listed wins).
@@ -114,6 +118,14 @@ class PoolBody(_Body):
     memory: _Bytes | str | None = None
 
 
+class TokenBody(_Body):
+    name: str = Field(min_length=1, max_length=64)
+    role: Literal["viewer", "operator", "admin"]
+    may_pause: list[str] | None = Field(default=None, max_length=16,
+                                        description="priority classes, or ['*'] (default: all)")
+    may_resume: list[str] | None = Field(default=None, max_length=16)
+
+
 RunId = Annotated[str, Query(min_length=1, max_length=128)]
 
 
@@ -135,6 +147,7 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     viewer = Depends(sec.require(Role.VIEWER))
     operator = Depends(sec.require(Role.OPERATOR, mutation=True))
     admin = Depends(sec.require(Role.ADMIN, mutation=True))
+    admin_reader = Depends(sec.require(Role.ADMIN))  # reads only admins may make
     streamer = Depends(sec.require(Role.VIEWER, stream=True))  # event streams check Origin too
 
     @app.exception_handler(errors.SegueError)
@@ -263,6 +276,28 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     def pool_changes(p: Principal = viewer,
                      limit: int = Query(100, ge=1, le=MAX_POOL_CHANGES)) -> JSONResponse:
         return JSONResponse([asdict(c) for c in client_for(p).pool_changes(limit=limit)])
+
+    # -- tokens --------------------------------------------------------------------
+
+    @app.get("/api/tokens")
+    def list_tokens(p: Principal = admin_reader, revoked: bool = False) -> JSONResponse:
+        return JSONResponse(sec.tokens.records(revoked=revoked))
+
+    @app.post("/api/tokens", status_code=201)
+    def create_token(body: TokenBody, p: Principal = admin) -> JSONResponse:
+        def classes(given: list[str] | None) -> list[str] | None:
+            return None if given is None else parse_classes(",".join(given))
+
+        role = Role.parse(body.role)
+        token = sec.tokens.create(body.name, role, may_pause=classes(body.may_pause),
+                                  may_resume=classes(body.may_resume), actor=p.actor)
+        return JSONResponse({"name": body.name, "role": role.name.lower(), "token": token},
+                            status_code=201, headers={"Cache-Control": "no-store"})
+
+    @app.delete("/api/tokens/{name}")
+    def revoke_token(name: str, p: Principal = admin) -> JSONResponse:
+        sec.tokens.revoke(name, actor=p.actor, keep_an_admin=True)
+        return JSONResponse({"name": name, "revoked_by": p.actor})
 
     @app.get("/api/queue")
     def get_queue(p: Principal = viewer) -> JSONResponse:

@@ -8,7 +8,12 @@ pause (and cancel) and resume (and submit):
     role       may
     viewer     read everything the API shows
     operator   + submit, pause, resume, cancel (within its priority classes)
-    admin      + configure the pool, on every class
+    admin      + configure the pool, create and revoke tokens, on every class
+
+A revoked token stays in the file, marked with who revoked it and when, beside
+who created it: the file is also the record of who changed access. Creates
+and revokes hold an exclusive lock on ``tokens.lock`` (the CLI and a server
+may change tokens at once).
 
 Checks compare digests with ``hmac.compare_digest`` against every stored token,
 so the time taken does not tell how much of a guess was right.
@@ -16,12 +21,16 @@ so the time taken does not tell how much of a guess was right.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
 import json
+import os
 import re
 import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -31,6 +40,7 @@ from ..home import Home
 from ..scheduler.policy import PRIORITY_CLASSES as CLASSES
 
 TOKENS_FILE = "tokens.json"
+LOCK_FILE = "tokens.lock"
 PREFIX = "sgt_"  # recognisable in a leaked log or a secret scanner
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}")
 ALL = "*"
@@ -143,38 +153,71 @@ class TokenStore:
         self.home.ensure()
         write_atomic(self.path, json.dumps({"version": 1, "tokens": tokens}, indent=1).encode(), mode=0o600)
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the tokens' lock: a read-modify-write of the file by one process at a time."""
+        self.home.ensure()
+        fd = os.open(self.home.root / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _active(self) -> list[dict[str, Any]]:
+        return [t for t in self._load() if not t.get("revoked_at")]
+
     def create(self, name: str, role: Role, *, may_pause: list[str] | None = None,
-               may_resume: list[str] | None = None) -> str:
-        """Store a new token and return it in plain text (the only time it is shown)."""
+               may_resume: list[str] | None = None, actor: str | None = None) -> str:
+        """Store a new token and return it in plain text (the only time it is shown);
+        ``actor``: who created it (recorded)."""
         if not _NAME.fullmatch(name):
             raise UsageError(f"token name {name!r} must be 1-64 letters, digits, or _.@- "
                              f"(starting with a letter or digit)")
-        tokens = list(self._load())  # a copy: the loaded list is cached
-        if any(t["name"] == name for t in tokens):
-            raise UsageError(f"a token named {name!r} exists; revoke it first with "
-                             f"`segue token revoke {name}` or pick another name")
-        token = PREFIX + secrets.token_urlsafe(32)  # 256 random bits
-        tokens.append({"name": name, "role": role.name.lower(), "sha256": _digest(token),
-                       "may_pause": may_pause or [ALL], "may_resume": may_resume or [ALL],
-                       "created_at": time.time()})
-        self._save(tokens)
+        with self._locked():
+            tokens = list(self._load())  # a copy: the loaded list is cached
+            if any(t["name"] == name and not t.get("revoked_at") for t in tokens):
+                raise UsageError(f"a token named {name!r} exists; revoke it first with "
+                                 f"`segue token revoke {name}` or pick another name")
+            token = PREFIX + secrets.token_urlsafe(32)  # 256 random bits
+            tokens.append({"name": name, "role": role.name.lower(), "sha256": _digest(token),
+                           "may_pause": may_pause or [ALL], "may_resume": may_resume or [ALL],
+                           "created_at": time.time(), "created_by": actor})
+            self._save(tokens)
         return token
 
-    def revoke(self, name: str) -> None:
-        tokens = self._load()
-        kept = [t for t in tokens if t["name"] != name]
-        if len(kept) == len(tokens):
-            raise UsageError(f"no token named {name!r}; `segue token list` shows them")
-        self._save(kept)
+    def revoke(self, name: str, *, actor: str | None = None, keep_an_admin: bool = False) -> None:
+        """Revoke the token ``name`` (kept in the file as revoked, naming ``actor``).
+        ``keep_an_admin``: refuse to revoke the last admin token (the API's rule: an
+        admin cannot lock every admin out of the server)."""
+        with self._locked():
+            tokens = [dict(t) for t in self._load()]
+            mine = [t for t in tokens if t["name"] == name and not t.get("revoked_at")]
+            if not mine:
+                raise UsageError(f"no token named {name!r}; `segue token list` shows them")
+            admins = [t for t in tokens if t["role"] == "admin" and not t.get("revoked_at")]
+            if keep_an_admin and mine[0]["role"] == "admin" and len(admins) == 1:
+                raise UsageError(f"token {name!r} is the last admin token; create another admin "
+                                 f"token first, or revoke it with `segue token revoke {name}` on the host")
+            for t in mine:
+                t["revoked_at"], t["revoked_by"] = time.time(), actor
+            self._save(tokens)
+
+    def records(self, *, revoked: bool = False) -> list[dict[str, Any]]:
+        """What the tokens file says of each token, never the digest: its principal, who
+        created it and when, and (``revoked``: those too) who revoked it and when."""
+        return [{**_principal(t).to_json(), **{k: t.get(k) for k in ("created_at", "created_by",
+                                                                     "revoked_at", "revoked_by")}}
+                for t in self._load() if revoked or not t.get("revoked_at")]
 
     def list(self) -> list[Principal]:
-        return [_principal(t) for t in self._load()]
+        return [_principal(t) for t in self._active()]
 
     def verify(self, token: str) -> Principal | None:
         """The principal of ``token``, or None. Every stored digest is compared."""
         digest = _digest(token)
         found = None
-        for t in self._load():
+        for t in self._active():
             if hmac.compare_digest(digest, str(t.get("sha256", ""))):
                 found = t
         return None if found is None else _principal(found)
