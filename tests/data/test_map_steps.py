@@ -14,7 +14,9 @@ from segue_helpers import Segue, wait_for
 FLOW = str(Path(__file__).parent / "flows" / "mapdecor.py")
 
 
-def write_input(path: Path, n: int, bad: set[int] = frozenset(), sleep: float = 0.0) -> Path:
+def write_input(path: Path, n: int, bad: set[int] = frozenset(), sleep: float = 0.0,
+                hold_last: Path | None = None) -> Path:
+    """``hold_last``: the last record waits for that file (the run cannot end before it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w") as f:
         for i in range(n):
@@ -23,6 +25,8 @@ def write_input(path: Path, n: int, bad: set[int] = frozenset(), sleep: float = 
                 rec["bad"] = True
             if sleep:
                 rec["sleep"] = sleep
+            if hold_last is not None and i == n - 1:
+                rec["hold"] = str(hold_last)
             f.write(json.dumps(rec) + "\n")
     return path
 
@@ -83,18 +87,20 @@ def test_records_retried_after_a_kill_are_counted(segue: Segue, tmp_path: Path) 
     import signal
 
     flow = str(Path(__file__).parent / "flows" / "mapslow.py")
-    inp = write_input(tmp_path / "in" / "data.jsonl", 40_000, sleep=0.0002)
+    gate = tmp_path / "gate"  # the last record waits for it: the run cannot end before the kill
+    inp = write_input(tmp_path / "in" / "data.jsonl", 40_000, sleep=0.0002, hold_last=gate)
     segue("run", flow, "--detach", "--run-id", "rr", "-p", f"input={inp}", "-p", f"out={tmp_path / 'out'}",
           check=True)
-    wait_for(lambda: segue.step("rr", "upper")["last_checkpoint"], 60, "a checkpoint")
+    wait_for(lambda: segue.step("rr", "upper")["last_checkpoint"], 120, "a checkpoint")
     # Kill the worker once its reported progress is past its last committed checkpoint.
     # It is frozen (SIGSTOP) while the store is read, so no checkpoint can commit between
     # the check and the kill; if the check fails it thaws and the test looks again.
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a guard only: the held last record keeps the run going
     while True:
         assert time.monotonic() < deadline, "no progress past a checkpoint was seen"
         pid = segue.step("rr", "upper")["pid"]
         if not pid:
+            time.sleep(0.05)
             continue
         os.kill(pid, signal.SIGSTOP)
         s = segue.step("rr", "upper")
@@ -103,7 +109,8 @@ def test_records_retried_after_a_kill_are_counted(segue: Segue, tmp_path: Path) 
         os.kill(pid, signal.SIGCONT)
         time.sleep(0.2)
     os.kill(pid, signal.SIGKILL)
-    segue.wait_state("rr", {"SUCCEEDED"}, 120)
+    gate.touch()
+    segue.wait_state("rr", {"SUCCEEDED"}, 300)
     pos = segue.step("rr", "upper")["last_checkpoint"]["position"]
     assert pos["restarts"] == 1 and pos["records_retried"] > 0
     out = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in p.read_text().splitlines()]

@@ -1,9 +1,11 @@
 """The record function and the source/sink builders shared by the mapdecor and mapslow flows.
 
-A record may carry "sleep" (seconds of simulated work) and "bad": true (the
-function raises, so the record goes to the dead-letter sink).
+A record may carry "sleep" (seconds of simulated work), "bad": true (the
+function raises, so the record goes to the dead-letter sink) and "hold": a path
+(the function waits until that file exists: a test's gate).
 """
 
+import os
 import time
 
 from segue.data import JsonlSink, JsonlSource
@@ -20,6 +22,8 @@ def sink(ctx):
 def upper_record(record):
     if record.get("sleep"):
         time.sleep(record["sleep"])  # stands for real work per record
+    while record.get("hold") and not os.path.exists(record["hold"]):
+        time.sleep(0.01)
     if record.get("bad"):
         raise ValueError(f"record {record['k']} is bad")
     return {"k": record["k"], "v": record["v"].upper()}
