@@ -41,7 +41,8 @@ def _hold_for_pause():
 
     signal.signal(signal.SIGUSR1, on_pause)
     _write("-held", {"pid": os.getpid()})
-    while not got.wait(0.005):
+    deadline = time.monotonic() + 300  # a guard: a pause that never comes fails the test, not hangs it
+    while not got.wait(0.005) and time.monotonic() < deadline:
         pass
     signal.signal(signal.SIGUSR1, previous)
 

@@ -78,6 +78,9 @@ _NUMPY_META = ("numpy",)
 
 class _Encoder:
     def __init__(self, allow_pickle: bool) -> None:
+        # Looked up once per encode, not per value: a value of a NumPy type means NumPy
+        # was imported before the encode began; a JSON state never imports it.
+        self.npm: Any = sys.modules.get("numpy")
         self.allow_pickle = allow_pickle
         self.out = Encoded(tree=None)
 
@@ -115,8 +118,7 @@ class _Encoder:
         t = type(v)
         if v is None or t is bool or t is int or t is str:
             return v
-        # A value of a NumPy type means NumPy is imported; a JSON state never imports it.
-        npm = sys.modules.get("numpy")
+        npm = self.npm
         if npm is not None and t is npm.ndarray:  # first: states are mostly arrays
             if v.dtype.hasobject or v.dtype.kind == "V":
                 return self.opaque(v, path, f"holds an array of dtype {v.dtype}")
