@@ -78,6 +78,8 @@ def test_pause_wait_resume_and_follow(client: BaseClient, tmp_path: Path, counte
 def test_unknown_runs_and_bad_input_write_nothing(client: BaseClient) -> None:
     client.submit(COUNTER, {"n": 5, "sleep": "0"}, run_id="ok")
     client.wait("ok", timeout=120)
+    # The controller releases its lease (a write) after the run ends: wait for it.
+    _until(lambda: client.status("ok").controller["lease_until"] is None, "the controller to let go")
     before = client.runs()
     for call in (lambda: client.status("nope"), lambda: client.pause("nope"),
                  lambda: client.resume("nope"), lambda: client.cancel("nope"),

@@ -3,6 +3,11 @@
 ``hold=PATH`` keeps the last iteration waiting until PATH exists, so a test's
 faults cannot race the end of the run.
 
+``ignore_pause=true`` plays a stubborn step that never reaches a pause point:
+it checkpoints once (then never again, since any checkpoint call may park it)
+and then creates the file ``ready``, so a test pauses it only once it has a
+checkpoint and can no longer park by itself.
+
 `count` draws from three RNGs (a Generator in its state, Python's global
 `random`, NumPy's global RNG) on every iteration, so any lost, repeated or
 wrongly restored iteration changes its result.
@@ -17,7 +22,7 @@ import numpy as np
 from segue import Flow
 
 flow = Flow("counter", params={"n": 300, "sleep": 0.004, "fail_marker": "", "ignore_pause": False,
-                               "hold": ""})
+                               "hold": "", "ready": ""})
 
 
 def hold(ctx, p, state):
@@ -33,7 +38,7 @@ def hold(ctx, p, state):
         # waits for this attempt's next checkpoint sees it; on a pause request
         # the checkpoint parks.
         due = time.monotonic() - last > 0.5 or ctx.pause_requested
-        if due and not (p["ignore_pause"] and ctx.pause_requested):
+        if due and not p["ignore_pause"]:
             ctx.checkpoint(state, position={"i": state["i"]})
             last = time.monotonic()
         time.sleep(0.01)
@@ -47,6 +52,7 @@ def count(ctx):
         random.seed(11)
         np.random.seed(12)
         state = {"i": 0, "acc": 0.0, "gen": np.random.default_rng(13), "hist": np.zeros(8, dtype=np.int64)}
+    stubborn_done = False  # the stubborn step's one checkpoint of this attempt
     while state["i"] < p["n"]:
         if state["i"] == p["n"] - 1:
             hold(ctx, p, state)
@@ -59,8 +65,14 @@ def count(ctx):
         time.sleep(p["sleep"])
         ctx.progress(state["i"], p["n"])
         due = ctx.checkpoint_due(state["i"])
-        if due and not (p["ignore_pause"] and ctx.pause_requested):
+        if due and not p["ignore_pause"]:
             ctx.checkpoint(state, position={"i": state["i"]})
+        elif due and not stubborn_done:
+            ctx.checkpoint(state, position={"i": state["i"]}, durable=True)
+            stubborn_done = True
+            if p["ready"]:
+                with open(p["ready"], "w") as f:
+                    f.write(str(state["i"]))
     return {"acc": state["acc"], "i": state["i"], "hist": state["hist"]}
 
 

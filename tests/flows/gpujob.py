@@ -2,6 +2,10 @@
 
 With ``gate=PATH`` it holds half-way until PATH exists.
 
+``ignore_pause=true`` plays a stubborn step: it checkpoints once (a checkpoint
+call may park it, so never again) and then creates the file ``ready``; paused
+after that, it can only be killed at the pause deadline.
+
 Each attempt records the devices it was given (CUDA_VISIBLE_DEVICES), and
 what torch sees when a real GPU is present.
 """
@@ -13,7 +17,8 @@ import numpy as np
 
 from segue import Flow
 
-flow = Flow("gpujob", params={"n": 300, "sleep": 0.01, "ignore_pause": False, "gate": ""})
+flow = Flow("gpujob", params={"n": 300, "sleep": 0.01, "ignore_pause": False, "gate": "",
+                              "ready": ""})
 
 
 def expected_acc(n: int) -> float:
@@ -37,6 +42,7 @@ def work(ctx):
     except ImportError:
         pass
     state["seen"].append(seen)
+    stubborn_done = False  # the stubborn step's one checkpoint of this attempt
     while state["i"] < p["n"]:
         if p["gate"] and state["i"] >= p["n"] // 2 and not os.path.exists(p["gate"]):
             # Half-way, hold (with pause points) until the test opens the gate: the
@@ -49,6 +55,13 @@ def work(ctx):
         state["i"] += 1
         time.sleep(p["sleep"])
         ctx.progress(state["i"], p["n"])
-        if ctx.checkpoint_due(state["i"]) and not (p["ignore_pause"] and ctx.pause_requested):
+        due = ctx.checkpoint_due(state["i"])
+        if due and not p["ignore_pause"]:
             ctx.checkpoint(state, position={"i": state["i"]})
+        elif due and not stubborn_done:
+            ctx.checkpoint(state, position={"i": state["i"]}, durable=True)
+            stubborn_done = True
+            if p["ready"]:
+                with open(p["ready"], "w") as f:
+                    f.write(str(state["i"]))
     return {"acc": state["acc"], "i": state["i"], "seen": state["seen"]}

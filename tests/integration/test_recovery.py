@@ -295,15 +295,18 @@ def test_hung_worker_is_killed_after_lease(segue: Segue, counter_ref, gate: Gate
     assert first["reason"].startswith("attempt epoch 1 stopped heartbeating (lease expired)"), first
 
 
-def test_pause_deadline_kills_and_resume_is_exact(segue: Segue, counter_ref, gate: Gate) -> None:
-    run = "stubborn"
+def test_pause_deadline_kills_and_resume_is_exact(segue: Segue, counter_ref, gate: Gate,
+                                                  tmp_path: Any) -> None:
+    run, ready = "stubborn", tmp_path / "ready"
     segue("run", COUNTER, "--run-id", run, "--detach", "--pause-deadline", "0.5",
-          "-p", "n=400", "-p", "sleep=0.004", "-p", "ignore_pause=true", *gate.args, check=True)
-    running_pid(segue, run)
-    wait_for(lambda: segue.step(run, "count")["last_checkpoint"], 30, "a checkpoint")
+          "-p", "n=400", "-p", "sleep=0.004", "-p", "ignore_pause=true",
+          "-p", f"ready={ready}", *gate.args, check=True)
+    # Once `ready` exists the step has its checkpoint and never reaches a pause point again.
+    wait_for(ready.exists, 120, "the stubborn step's checkpoint")
     proc = segue("pause", run, "--wait", "--timeout", "60")
     assert proc.returncode == 0, proc.stderr
-    assert any("killed at the pause deadline" in e["reason"] for e in segue.events(run))
+    events = segue.events(run)
+    assert any("killed at the pause deadline" in e["reason"] for e in events), events
     gate.open()
     proc = segue("resume", run)
     assert proc.returncode == 0, proc.stderr

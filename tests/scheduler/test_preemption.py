@@ -119,14 +119,16 @@ def test_victim_that_ignores_the_pause_is_killed_and_stays_correct(segue: Segue,
                                                                    ) -> None:
     g = gates(tmp_path, "stubborn")
     setup_pool(segue, 1)
-    start(segue, "stubborn", "batch", 800, "-p", "ignore_pause=true",
+    ready = tmp_path / "ready"
+    start(segue, "stubborn", "batch", 800, "-p", "ignore_pause=true", "-p", f"ready={ready}",
           env={"SEGUE_PAUSE_DEADLINE_S": "0.5"}, gate=g["stubborn"])
-    wait_for(lambda: running(segue, "stubborn") and work(segue, "stubborn")["last_checkpoint"],
-             120, "run")
+    # Once `ready` exists the step has its checkpoint and never reaches a pause point again.
+    wait_for(ready.exists, 120, "the stubborn step's checkpoint")
     start(segue, "hi", "urgent", 30)
     wait_for(lambda: segue.status("hi")["state"] == "SUCCEEDED" or running(segue, "hi"), 120,
              "urgent run")
-    assert any("killed at the pause deadline" in e["reason"] for e in segue.events("stubborn"))
+    events = segue.events("stubborn")
+    assert any("killed at the pause deadline" in e["reason"] for e in events), events
     segue.wait_state("hi", {"SUCCEEDED"}, 120)
     g["stubborn"].touch()
     segue.wait_state("stubborn", {"SUCCEEDED"}, 120)
