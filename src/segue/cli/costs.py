@@ -11,6 +11,11 @@ def _money(x: float) -> str:
 
 def accounting_lines(acct: dict[str, Any]) -> list[str]:
     c = acct["cost"]
+    models = []
+    if acct.get("model_loads"):
+        models = [f"  models   {acct['model_loads']} loads in {acct['model_load_seconds']:.1f}s; "
+                  f"{acct['model_reloads']} reloads after interruptions cost {acct['model_reload_seconds']:.1f}s "
+                  f"({acct['model_reload_bytes'] / 2**20:.1f} MiB loaded again)"]
     return [
         f"  time     attempts {acct['attempt_seconds']:.1f}s  paused {acct['paused_seconds']:.1f}s  "
         f"redone {acct['work_redone_seconds']:.1f}s  preemptions {acct['preemptions']}  "
@@ -24,6 +29,7 @@ def accounting_lines(acct: dict[str, Any]) -> list[str]:
         f"  storage  {acct['checkpoint_bytes_stored'] / 2**20:.1f} MiB of checkpoints stored "
         f"({acct['checkpoint_bytes'] / 2**20:.1f} MiB written): {_money(c['storage_so_far'])} so far, "
         f"{_money(c['storage_per_month'])}/month while kept (paused runs pay it too)",
+        *models,
     ]
 
 

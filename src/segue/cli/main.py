@@ -35,10 +35,12 @@ from ..run.options import RunOptions
 from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import parse_price
 from ..states import Actor, RunState
+from . import bench_model as bench_model_cmd
 from . import ckpt_run, sched, verify
 from . import costs as costs_view
 from . import logs as logs_cmd
 from . import output as output_cmd
+from . import plan as plan_cmd
 from . import prices as prices_cmd
 from . import server as server_cmd
 from . import webhook as webhook_cmd
@@ -125,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     output_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
     prices_cmd.add_parser(sub)
+    plan_cmd.add_parser(sub)
+    bench_model_cmd.add_parser(sub)
     server_cmd.add_parsers(sub)
     webhook_cmd.add_parsers(sub)
     return p
@@ -270,6 +274,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "verify": lambda a, c: verify.cmd_verify(a, c.home, pool=c.pool_path),
     "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c.home),
     "prices": lambda a, c: prices_cmd.cmd_prices(a, c.home),
+    "plan": lambda a, c: plan_cmd.cmd_plan(a, c.home),
+    "bench-model": lambda a, c: bench_model_cmd.cmd_bench_model(a, c.home),
     "server": server_cmd.cmd_server, "token": server_cmd.cmd_token, "webhook": webhook_cmd.cmd_webhook,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,

@@ -23,8 +23,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--json", action="store_true")
     psub = p.add_subparsers(dest="pool_cmd")
     s = psub.add_parser("set", help="configure this host's pool (virtual GPUs for machines without them)")
-    s.add_argument("--gpus", type=int, required=True, help="number of (virtual) GPUs")
+    s.add_argument("--gpus", type=int, default=None, help="number of (virtual) GPUs")
     s.add_argument("--gpu-mem", default="80GB", help="memory of each GPU (default 80GB)")
+    s.add_argument("--gpu-type", default=None,
+                   help="their device type, e.g. rtx-pro-6000 or h100 (for steps with accelerator=)")
+    s.add_argument("--group", action="append", default=[], metavar="COUNTxMEM[:TYPE]",
+                   help="more GPUs of another kind, e.g. 2x24GB:l4 (repeatable)")
     s.add_argument("--cpus", type=float, default=None)
     s.add_argument("--memory", default=None, help="host memory, e.g. 64GB")
     d = psub.add_parser("detect", help="re-detect this host's GPUs (NVML or nvidia-smi)")
@@ -49,10 +53,16 @@ def cmd_queue(a: argparse.Namespace, client: LocalClient) -> int:
 
 def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
     if a.pool_cmd == "set":
-        if a.gpus < 0:
+        from ..scheduler.devices import parse_group
+
+        if a.gpus is None and not a.group:
+            raise UsageError("segue pool set needs --gpus N (or --group COUNTxMEM[:TYPE])")
+        if a.gpus is not None and a.gpus < 0:
             raise UsageError("--gpus must be >= 0")
-        view = client.configure_pool(gpus=a.gpus, gpu_memory=parse_memory(a.gpu_mem, "--gpu-mem") or 0,
-                                     cpus=a.cpus,
+        view = client.configure_pool(gpus=a.gpus or 0,
+                                     gpu_memory=parse_memory(a.gpu_mem, "--gpu-mem") or 0,
+                                     cpus=a.cpus, gpu_type=a.gpu_type,
+                                     groups=[parse_group(g) for g in a.group],
                                      memory=None if a.memory is None else parse_memory(a.memory, "--memory"))
     elif a.pool_cmd == "detect":
         view = client.detect_pool(replace=a.replace)

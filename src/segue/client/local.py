@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -332,22 +332,30 @@ class LocalClient(BaseClient):
                            "pool": str(pool.path)})
 
     def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
-                       memory: str | int | None = None) -> PoolView:
+                       memory: str | int | None = None, gpu_type: str | None = None,
+                       groups: Sequence[tuple[int, str | int, str | None]] = ()) -> PoolView:
         """Set this host's pool to ``gpus`` virtual GPUs (for machines without a driver);
-        the pool records the change with this client's actor (:meth:`pool_changes`)."""
+        the pool records the change with this client's actor (:meth:`pool_changes`).
+
+        ``gpu_type`` names their type (e.g. 'rtx-pro-6000'), for steps with an
+        ``accelerator=`` hint; ``groups`` adds more devices after them, as
+        (count, memory, type or None) each, so a host can hold several types."""
         import socket
 
         from ..scheduler.devices import host_memory, virtual_gpus
 
-        if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0:
-            raise UsageError(f"gpus must be an integer >= 0, not {gpus!r}")
+        devices: list[tuple[str, int, bool]] = []
+        for n, size, kind in ((gpus, gpu_memory, gpu_type), *groups):
+            if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+                raise UsageError(f"gpus must be an integer >= 0, not {n!r}")
+            mem = parse_memory(size, "gpu_memory") or 0
+            devices += virtual_gpus(n, mem, kind, start=len(devices))
         if cpus is not None and not cpus > 0:
             raise UsageError("cpus must be > 0")
-        mem = parse_memory(gpu_memory, "gpu_memory")
         host_mem = host_memory() if memory is None else parse_memory(memory, "memory") or 0
         self._open_pool().configure_host(
             socket.gethostname(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
-            devices=virtual_gpus(gpus, mem or 0), source="configured", actor=self.actor)
+            devices=devices, source="configured", actor=self.actor)
         return self.pool()
 
     def detect_pool(self, *, replace: bool = False) -> PoolView:

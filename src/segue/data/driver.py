@@ -209,6 +209,7 @@ class MapRun:
             self.dead.finish()
             return self.summary()
         finally:
+            self.op.close()  # a model gives its device back before the attempt parks or ends
             self.sink.close()
             self.dead.close()
 

@@ -4,6 +4,10 @@
 objects, used by the step's process and, for ``workers=N``, by every
 sub-worker, which loads the flow file and finds this declaration on the step
 function (``segue_map``): the user's function is never pickled.
+
+With a ``model`` (a :class:`segue.inference.ModelHandler`), the function is
+``fn(batch, model, params)`` over batches of the handler's size, and each
+process of the attempt loads the model once, on its first batch.
 """
 
 from __future__ import annotations
@@ -30,13 +34,18 @@ class MapStep:
     max_failures: int | None = 1000
     max_failure_rate: float | None = 0.05
     workers: int = 1
+    model: Any = None  # a segue.inference.ModelHandler
 
     def build(self, ctx: Any) -> tuple[Source, Operator, Sink, Sink | None]:
         src = self.source if isinstance(self.source, Source) else self.source(ctx)
         snk = self.sink if isinstance(self.sink, Sink) else self.sink(ctx)
         d = self.dead_letter
         dead = d if d is None or isinstance(d, Sink) else d(ctx)
-        op = operator(self.kind, self.fn, batch_size=self.batch_size, batch_bytes=self.batch_bytes)
+        if self.model is not None:
+            session = self.model.session(self.fn, ctx)
+            op = operator("map_batches", session, batch_size=session.batch_size())
+        else:
+            op = operator(self.kind, self.fn, batch_size=self.batch_size, batch_bytes=self.batch_bytes)
         return src, op, snk, dead
 
     def run(self, ctx: Any) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 An operator turns one unit of input (a batch read from a shard) into output
 records plus the failures (input index, record, error). A failing record
-never stops the batch: it is set aside for the dead-letter sink. Outputs keep
+never stops the batch: it is set aside for the dead-letter sink, unless the
+error is the step's, not the record's (out of memory, a model that cannot
+load: :func:`step_error`), which fails the attempt instead. Outputs keep
 the input order, and ``origins`` says which input record each output came
 from (the external-call sink derives idempotency keys from it).
 """
@@ -71,11 +73,27 @@ class Operator:
         try:
             outs = list(self.fn(good))
         except Exception as exc:  # noqa: BLE001 - the whole batch goes to the dead-letter sink
+            if step_error(exc):
+                raise
             err = f"{type(exc).__name__}: {exc}"
             return Result([], failures + [(i, r, err) for i, r in enumerate(records)
                                           if type(r) is not BadRecord], [] if want_origins else None)
         origins = [(0, j) for j in range(len(outs))] if want_origins else None
         return Result(outs, failures, origins)
+
+    def close(self) -> None:
+        """Release what the function holds (a model session's model); the attempt ends."""
+        close = getattr(self.fn, "close", None)
+        if callable(close):
+            close()
+
+
+def step_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is the step's failure rather than one record's: out of memory (host
+    or device), or an error marked ``segue_fatal`` (a model that cannot load). The
+    attempt fails and retries from its checkpoint; no record is dead-lettered for it."""
+    return (isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError"
+            or bool(getattr(exc, "segue_fatal", False)))
 
 
 def _each(fn: Callable[[Any], Any], records: Sequence[Any], has_bad: bool) -> tuple[list[Any], list]:
@@ -97,6 +115,8 @@ def _each(fn: Callable[[Any], Any], records: Sequence[Any], has_bad: bool) -> tu
                 for r in records[len(res):] if res else records:
                     append(fn(r))
         except Exception as exc:  # noqa: BLE001 - a bad record goes to the dead-letter sink
+            if step_error(exc):
+                raise
             failures.append((len(res), records[len(res)], f"{type(exc).__name__}: {exc}"))
             append(_FAILED)
     return res, failures

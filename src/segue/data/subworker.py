@@ -183,5 +183,6 @@ def main(conn: Connection, parent_pid: int, index: int, recipe: Recipe) -> None:
             pass
     finally:
         if worker is not None:
+            worker.op.close()  # a model gives its device back before the sub-worker exits
             worker.sink.close()
             worker.dead.close()

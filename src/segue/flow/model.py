@@ -16,6 +16,7 @@ This module only describes; it never runs anything and never touches storage.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 import inspect
 import math
@@ -92,6 +93,18 @@ def _check_map_options(*, source: Any, sink: Any, batch_size: Any, batch_bytes: 
         raise FlowError(f"flow.map: max_failure_rate must be a number from 0 to 1 or None, not {rate!r}")
 
 
+def _check_model(model: Any, kind: str, batch_size: Any, batch_bytes: Any) -> None:
+    """A ``model=`` must be a ModelHandler; its batching replaces the step's."""
+    if not (callable(getattr(model, "session", None)) and callable(getattr(model, "identity", None))):
+        raise FlowError(f"flow.map: model= must be a segue.inference.ModelHandler, not {type(model).__name__}")
+    if kind not in ("map", "map_batches"):
+        raise FlowError(f"flow.map: a step with model= maps batches; kind {kind!r} does not apply "
+                        f"(filter or flatten in the function, which gets the whole batch)")
+    if batch_size is not None or batch_bytes is not None:
+        raise FlowError("flow.map: with model=, the handler sets the batch (ModelHandler(batch_size=...)); "
+                        "drop batch_size/batch_bytes here")
+
+
 @dataclass(frozen=True)
 class Param:
     """A typed flow parameter. The type is taken from the default unless given."""
@@ -114,7 +127,8 @@ class Resources:
     cpus: float = 1.0
     gpus: int = 0
     memory: int | None = None  # bytes
-    gpu_memory: int | None = None  # bytes per GPU
+    gpu_memory: int | None = None  # bytes used on each GPU; declared: the GPU may be shared
+    accelerator: str | None = None  # a device type hint, e.g. "h100" or "rtx-pro-6000"
 
 
 @dataclass(frozen=True)
@@ -130,14 +144,18 @@ class StepSpec:
     checkpoint_auto: bool = False  # checkpoint_every="auto": Young/Daly from measured cost and MTBF
     mtbf_s: float | None = None  # configured mean time between failures, for "auto"
     keep_checkpoints: int = 3  # committed checkpoints kept per task; older ones are pruned
+    model: Mapping[str, Any] | None = None  # the model handler's identity (name, version, config)
 
     def source_digest(self) -> str:
-        """Hash of the step function's source, for the code fingerprint."""
+        """Hash of the step function's source (and its model's identity), for the code fingerprint."""
         try:
             src = inspect.getsource(self.fn)
         except (OSError, TypeError):
             src = getattr(self.fn, "__qualname__", self.name)
-        return digest({"name": self.name, "src": src, "after": list(self.after)})
+        what: dict[str, Any] = {"name": self.name, "src": src, "after": list(self.after)}
+        if self.model is not None:
+            what["model"] = dict(self.model)
+        return digest(what)
 
 
 @dataclass
@@ -173,6 +191,7 @@ class Flow:
         gpus: int = 0,
         memory: str | int | None = None,
         gpu_memory: str | int | None = None,
+        accelerator: str | None = None,
         retries: int = 0,
         checkpoint_every: str | float | None = None,
         checkpoint_every_steps: int | None = None,
@@ -195,6 +214,9 @@ class Flow:
                 raise FlowError(f"step {name!r}: cpus must be a number > 0, not {cpus!r}")
             if not _is_int(gpus) or gpus < 0:
                 raise FlowError(f"step {name!r}: gpus must be an int >= 0, not {gpus!r}")
+            if accelerator is not None and (not isinstance(accelerator, str) or not accelerator.strip()):
+                raise FlowError(f"step {name!r}: accelerator must be a device type such as 'h100' "
+                                f"or 'rtx-pro-6000', not {accelerator!r}")
             every_steps = checkpoint_every_steps
             if every_steps is not None and (not _is_int(every_steps) or every_steps <= 0):
                 raise FlowError(f"step {name!r}: checkpoint_every_steps must be a positive int")
@@ -216,6 +238,7 @@ class Flow:
                     gpus=int(gpus),
                     memory=parse_memory(memory, f"step {name!r}: memory"),
                     gpu_memory=parse_memory(gpu_memory, f"step {name!r}: gpu_memory"),
+                    accelerator=accelerator.strip() if accelerator else None,
                 ),
                 retries=retries,
                 checkpoint_every_s=every_s,
@@ -241,6 +264,7 @@ class Flow:
         max_failures: int | None = 1000,
         max_failure_rate: float | None = 0.05,
         workers: int = 1,
+        model: Any = None,
         **step_options: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """Declare a resumable data step: ``fn`` applied to every record, exactly once.
@@ -251,18 +275,29 @@ class Flow:
         that many local sub-worker processes (see docs/data.md). Other keywords
         are those of :meth:`step` (after, retries, checkpoint_every...). The
         step's output is the run's counters. See docs/data.md.
+
+        ``model``: a :class:`segue.inference.ModelHandler`. The function is then
+        ``fn(batch, model, params)`` over batches of the handler's size, returning
+        one output per record; the model loads once per attempt (per sub-worker
+        with ``workers``), is released before a pause parks the step, and its
+        name and version are part of the fingerprint. The handler's resource
+        hints are the step's defaults. See docs/inference.md.
         """
 
         _check_map_options(source=source, sink=sink, batch_size=batch_size, batch_bytes=batch_bytes,
                            max_failures=max_failures, max_failure_rate=max_failure_rate,
                            workers=workers)
+        if model is not None:
+            _check_model(model, kind, batch_size, batch_bytes)
+            for key, value in model.hints().items():
+                step_options.setdefault(key, value)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             from ..data.mapstep import MapStep
 
             decl = MapStep(fn, source, sink, kind=kind, batch_size=batch_size, batch_bytes=batch_bytes,
                            dead_letter=dead_letter, max_failures=max_failures,
-                           max_failure_rate=max_failure_rate, workers=workers)
+                           max_failure_rate=max_failure_rate, workers=workers, model=model)
 
             @functools.wraps(fn)  # the fingerprint hashes the user's function, not this one
             def data_step(ctx: Any) -> Any:
@@ -270,6 +305,9 @@ class Flow:
 
             data_step.segue_map = decl  # type: ignore[attr-defined]  # sub-workers rebuild from it
             self.step(data_step, **step_options)
+            if model is not None:
+                name = data_step.__name__
+                self.steps[name] = dataclasses.replace(self.steps[name], model=model.identity())
             return fn
 
         if kind not in ("map", "filter", "flat_map", "map_batches"):

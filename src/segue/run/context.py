@@ -162,6 +162,17 @@ class StepContext:
         self._flags.progress = (float(done), None if total is None else float(total))
         self._flags.progress_dirty = True
 
+    def record_event(self, kind: str, reason: str, *, data: Mapping[str, Any] | None = None,
+                     stats: Mapping[str, float] | None = None) -> None:
+        """Append an event of ``kind`` for this step to the run's history, and add
+        ``stats`` to the run's counters (what `segue status` accounts). Not fenced:
+        an event says what happened, even in an attempt that is superseded later."""
+        self._store.append_event(self.run_id, kind, actor=Actor.WORKER, step=self.step, reason=reason,
+                                 data=dict(data) if data is not None else None)
+        add = getattr(self._store, "add_stats", None)
+        if stats and add is not None:
+            add(self.run_id, dict(stats))
+
     # -- state ---------------------------------------------------------------
     def restore(self) -> Any | None:
         """The step's latest committed state, or None on a first start.

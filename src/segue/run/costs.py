@@ -111,6 +111,12 @@ def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
         "checkpoint_bytes": sum(c.nbytes for c in cks),
         "checkpoint_bytes_stored": stored_bytes,
         "preemptions": int(stats.get("preemptions", 0)),
+        # Models loaded by inference steps; a reload is a load in an attempt after the first.
+        "model_loads": int(stats.get("model_loads", 0)),
+        "model_load_seconds": round(stats.get("model_load_s", 0.0), 3),
+        "model_reloads": int(stats.get("model_reloads", 0)),
+        "model_reload_seconds": round(stats.get("model_reload_s", 0.0), 3),
+        "model_reload_bytes": int(stats.get("model_reload_bytes", 0)),
         "waiting_for_resources": stats.get("preempted_at", 0.0) > 0,
         "by_type": {k: {
             "seconds": round(held.get(k, 0.0), 3),

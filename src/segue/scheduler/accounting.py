@@ -25,7 +25,8 @@ Rates = dict[str, float]  # type -> devices (or cores) held
 
 
 def rates_of(alloc: AllocationRecord | None, host: HostPool | None) -> Rates:
-    """What an allocation holds, per type."""
+    """What an allocation holds, per type: whole devices count 1, a device shared by
+    memory counts the step's ``gpu_memory`` over the device's memory."""
     out: Rates = {}
     if alloc is None:
         return out
@@ -33,7 +34,11 @@ def rates_of(alloc: AllocationRecord | None, host: HostPool | None) -> Rates:
     for i in alloc.devices:
         d = devs.get(i)
         key = device_type(d.name, d.memory, d.virtual) if d else UNKNOWN_GPU
-        out[key] = out.get(key, 0.0) + 1.0
+        # A step sharing a device by memory holds (and pays for) its share of it.
+        share = 1.0
+        if alloc.gpu_memory and d is not None and d.memory:
+            share = min(1.0, alloc.gpu_memory / d.memory)
+        out[key] = out.get(key, 0.0) + share
     if alloc.cpus:
         out[CPU] = out.get(CPU, 0.0) + alloc.cpus
     return out

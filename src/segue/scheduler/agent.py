@@ -22,7 +22,7 @@ from ..flow.model import StepSpec
 from ..run.procs import pid_alive
 from ..states import Actor, RunState, TaskState
 from ..store.base import TaskRecord
-from ..store.hostpool import never_fits, shared_part
+from ..store.hostpool import kinds, never_fits, shared_part
 from ..store.pool import Allocated, Denied, HostPoolStore, Placement
 from .accounting import attempt_deltas, rates_of
 from .devices import ensure_host
@@ -35,6 +35,7 @@ from .policy import (
     place,
     priority_name,
     step_need,
+    wait_reason,
 )
 
 log = logging.getLogger("segue.scheduler")
@@ -186,6 +187,7 @@ class RunScheduler:
     def holders(self) -> list[Holder]:
         hp = self.pool.get_host(self.host)
         mem = {d.index: d.memory for d in hp.devices} if hp else {}
+        kind = kinds(hp) if hp else {}
         now = time.time()
         by_run: dict[tuple[str, str], list] = {}
         for a in self.pool.list_allocations(self.host):
@@ -198,7 +200,11 @@ class RunScheduler:
             out.append(Holder(
                 run_id=rid, home=home, priority=min(a.priority for a in allocs),
                 preemptible=all(a.preemptible for a in allocs),
-                devices=tuple(Device(i, mem.get(i, 0)) for a in allocs for i in a.devices),
+                devices=tuple(Device(i, mem.get(i, 0), kind=kind.get(i, "")) for a in allocs
+                              if a.gpu_memory is None for i in a.devices),
+                # A sharer's release frees its bytes on each device, not the device.
+                shares=tuple((i, a.gpu_memory) for a in allocs if a.gpu_memory is not None
+                             for i in a.devices),
                 cpus=sum(a.cpus for a in allocs) if mine else 0.0,
                 memory=sum(a.memory for a in allocs) if mine else 0,
                 work_lost_s=lost, preemptions=max(a.preemptions for a in allocs),
@@ -346,16 +352,16 @@ class RunScheduler:
         need = self.need(nxt)
         prio = self.effective_priority()
         free = self.pool.free_capacity(self.host, self.home)
-        reason = f"preempted; waiting for {need.describe()} to resume"
         if place(need, free) is None:
-            self._announce(nxt, need, prio, Denied(reason))
+            # e.g. "preempted; waiting for 40 GiB on 1 gpu (best free: 16 GiB on gpu 0)"
+            self._announce(nxt, need, prio, Denied(f"preempted; {wait_reason(need, free)}"))
             return False
         hp = self.pool.get_host(self.host)
-        total = len(hp.devices) if hp else 0
         mine = time.time() - self.waited_s()
         for r in self.pool.list_requests(self.host):
-            if (r.home, r.run_id) == (self.home, self.run_id) or r.need.gpus > total:
-                continue
+            if (r.home, r.run_id) == (self.home, self.run_id) or (
+                    never_fits(r.need, hp) is not None if hp else r.need.gpus > 0):
+                continue  # ourselves, or a request that can never run here (as allocate skips)
             if r.home != self.home and not (r.need.gpus and need.gpus):
                 continue  # homes compete for devices only
             # The same rule as placement: never ahead of a waiting higher class.

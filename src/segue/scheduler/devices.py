@@ -59,8 +59,27 @@ def host_memory() -> int:
         return 0
 
 
-def virtual_gpus(n: int, memory: int) -> Devices:
-    return [(f"virtual-{i}", memory, True) for i in range(n)]
+def virtual_gpus(n: int, memory: int, kind: str | None = None, start: int = 0) -> Devices:
+    """``n`` virtual GPUs of ``memory`` bytes. With ``kind`` (a device type such as
+    'h100' or 'rtx-pro-6000') they are named by that type, so steps with an
+    ``accelerator=`` hint match them; without, they are 'virtual-N'."""
+    if kind:
+        from .policy import canonical_accelerator
+
+        return [(canonical_accelerator(kind), memory, True) for _ in range(n)]
+    return [(f"virtual-{start + i}", memory, True) for i in range(n)]
+
+
+def parse_group(text: str) -> tuple[int, str, str | None]:
+    """``COUNTxMEM[:TYPE]`` (the ``--group`` flag of `segue pool set`), e.g. '2x96GB:rtx-pro-6000'
+    -> (2, '96GB', 'rtx-pro-6000')."""
+    from ..errors import UsageError
+
+    spec, _, kind = text.partition(":")
+    count, x, mem = spec.partition("x")
+    if not x or not count.strip().isdigit() or not mem.strip():
+        raise UsageError(f"--group {text!r} must look like COUNTxMEM[:TYPE], e.g. 2x96GB:rtx-pro-6000")
+    return int(count), mem.strip(), kind.strip() or None
 
 
 def ensure_host(store: HostPoolStore, host: str) -> HostPool:

@@ -7,6 +7,7 @@ keeps every decision testable with made-up times (virtual time).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -70,24 +71,106 @@ def effective_priority(base: int, waited_s: float, max_pause_s: float) -> int:
     return max(base, min(bumped, AGING_CAP))
 
 
+GIB = 2**30
+
+
+def gib(nbytes: int) -> str:
+    """Bytes as GiB for messages: '40 GiB', '15.5 GiB'."""
+    v = nbytes / GIB
+    return f"{v:.0f} GiB" if abs(v - round(v)) < 0.05 else f"{v:.1f} GiB"
+
+
+# Hints a user may write for a catalog type (``accelerator="rtx-pro-6000"``).
+ACCELERATOR_ALIASES: dict[str, str] = {"rtx-pro-6000": "rtx-pro-6000-blackwell",
+                                       "rtxpro6000": "rtx-pro-6000-blackwell"}
+
+
+def canonical_accelerator(hint: str) -> str:
+    """A step's ``accelerator=`` hint as a device type key: lower case, words joined by
+    '-', 'nvidia' dropped, aliases resolved ('RTX PRO 6000' -> 'rtx-pro-6000-blackwell')."""
+    low = re.sub(r"[^a-z0-9.]+", "-", str(hint).lower()).strip("-")
+    low = re.sub(r"^nvidia-", "", low)
+    return ACCELERATOR_ALIASES.get(low, low)
+
+
+def device_kind(name: str, memory: int, virtual: bool) -> str:
+    """The type a device is matched by against ``accelerator=`` hints.
+
+    A real device's type is its catalog key (``pricing.device_type``). A virtual
+    device configured with a type (``segue pool set --gpu-type h100``) is named by
+    that type and matches it; an untyped one (``virtual-N``) is of type 'virtual'.
+    Accounting keeps pricing every virtual device as 'virtual' (free).
+    """
+    from .pricing import VIRTUAL, device_type
+
+    if virtual and (not name or name.startswith("virtual-")):
+        return VIRTUAL
+    return device_type(name, memory, False)
+
+
+def kind_matches(kind: str, accelerator: str | None) -> bool:
+    """Does a device of type ``kind`` satisfy the hint? Exact, or the hint names a family
+    ('a100' matches 'a100-80gb', 'rtx-pro-6000' matches 'rtx-pro-6000-blackwell')."""
+    if not accelerator:
+        return True
+    return kind == accelerator or kind.startswith(accelerator + "-")
+
+
 @dataclass(frozen=True)
 class Device:
+    """A device as placement sees it.
+
+    In a :class:`Capacity`, a device listed is not held whole by anyone:
+    ``free`` is the memory no sharer uses (None: all of it) and ``sharers`` how
+    many allocations share it now. A device held whole (exclusively) is not
+    listed at all.
+    """
+
     index: int
     memory: int  # bytes
+    free: int | None = None  # bytes not used by sharers; None: the whole device
+    sharers: int = 0
+    kind: str = ""  # device_kind(); "" when unknown (matches only steps without a hint)
+
+    @property
+    def available(self) -> int:
+        return self.memory if self.free is None else self.free
+
+    @property
+    def whole(self) -> bool:
+        """Nobody uses any of it: an exclusive step may take it."""
+        return self.sharers == 0
 
 
 @dataclass(frozen=True)
 class Need:
+    """What one attempt asks for. With ``gpu_memory`` it uses that many bytes on each of
+    its ``gpus`` devices and may share them with other such attempts; without, it
+    takes its devices whole."""
+
     gpus: int = 0
-    gpu_memory: int | None = None  # bytes per device, at least
+    gpu_memory: int | None = None  # bytes used on each device; None: the devices whole
     cpus: float = 0.0
     memory: int = 0
+    accelerator: str | None = None  # a device type key (canonical_accelerator)
+
+    @property
+    def shares(self) -> bool:
+        return bool(self.gpus and self.gpu_memory)
+
+    def describe_gpus(self) -> str:
+        if not self.gpus:
+            return ""
+        n = f"{self.gpus} {self.accelerator + ' ' if self.accelerator else ''}gpu" \
+            f"{'s' if self.gpus > 1 else ''}"
+        if self.gpu_memory:
+            return f"{gib(self.gpu_memory)} on {'each of ' if self.gpus > 1 else ''}{n}"
+        return n
 
     def describe(self) -> str:
         parts = []
         if self.gpus:
-            mem = f" with >= {self.gpu_memory / 2**30:.0f} GiB" if self.gpu_memory else ""
-            parts.append(f"{self.gpus} gpu{'s' if self.gpus > 1 else ''}{mem}")
+            parts.append(self.describe_gpus())
         if self.cpus:
             parts.append(f"{self.cpus:g} cpu")
         if self.memory:
@@ -97,34 +180,83 @@ class Need:
 
 @dataclass(frozen=True)
 class Capacity:
-    """What is free on a host."""
+    """What is free on a host: devices not held whole (with the memory sharers leave),
+    cpus and memory."""
 
     devices: tuple[Device, ...]
     cpus: float
     memory: int
 
-    def plus(self, devices: Iterable[Device], cpus: float, memory: int) -> Capacity:
-        have = {d.index for d in self.devices}
-        extra = tuple(d for d in devices if d.index not in have)
-        return Capacity(self.devices + extra, self.cpus + cpus, self.memory + memory)
+    def plus(self, devices: Iterable[Device], cpus: float, memory: int,
+             shares: Iterable[tuple[int, int]] = ()) -> Capacity:
+        """The capacity once a holder lets go: ``devices`` it held whole come back whole;
+        each ``(device, bytes)`` it shared gives those bytes back to that device."""
+        by_index = {d.index: d for d in self.devices}
+        for d in devices:
+            if d.index not in by_index:
+                by_index[d.index] = Device(d.index, d.memory, kind=d.kind)
+        for index, used in shares:
+            shared = by_index.get(index)
+            if shared is None:
+                continue  # not a device of this host (any more)
+            sharers = max(0, shared.sharers - 1)
+            free = shared.memory if sharers == 0 else min(shared.memory, shared.available + used)
+            by_index[index] = Device(index, shared.memory, free, sharers, shared.kind)
+        return Capacity(tuple(sorted(by_index.values(), key=lambda d: d.index)),
+                        self.cpus + cpus, self.memory + memory)
+
+    def best_free(self, accelerator: str | None = None) -> Device | None:
+        """The device with the most memory free (of the type asked), for messages."""
+        match = [d for d in self.devices if kind_matches(d.kind, accelerator)]
+        return max(match, key=lambda d: (d.available, -d.index)) if match else None
 
 
-def fit_devices(free: Sequence[Device], gpus: int, gpu_memory: int | None) -> list[int] | None:
-    """Right fitting: the smallest devices that are big enough, lowest index first."""
+def fit_devices(free: Sequence[Device], gpus: int, gpu_memory: int | None,
+                accelerator: str | None = None) -> list[int] | None:
+    """Right fitting. The rule:
+
+    * a step without ``gpu_memory`` takes devices whole: the smallest wholly free
+      devices (of the type asked), so big devices stay free for big steps;
+    * a step with ``gpu_memory`` shares: on each device it goes where it leaves
+      the least memory free (best fit), so partly used devices fill up first and
+      empty ones stay empty for whole or big steps; ties go to the smaller
+      device, then the lower index.
+
+    Never oversubscribes: a sharer only goes where ``gpu_memory <= free``.
+    """
     if gpus <= 0:
         return []
-    big_enough = sorted((d for d in free if d.memory >= (gpu_memory or 0)),
-                        key=lambda d: (d.memory, d.index))
-    if len(big_enough) < gpus:
+    typed = [d for d in free if kind_matches(d.kind, accelerator)]
+    if gpu_memory:
+        fits = [d for d in typed if d.available >= gpu_memory]
+        order = sorted(fits, key=lambda d: (d.available - gpu_memory, d.memory, d.index))
+    else:
+        order = sorted((d for d in typed if d.whole), key=lambda d: (d.memory, d.index))
+    if len(order) < gpus:
         return None
-    return sorted(d.index for d in big_enough[:gpus])
+    return sorted(d.index for d in order[:gpus])
 
 
 def place(need: Need, free: Capacity) -> list[int] | None:
     """The devices to give ``need``, or None if it does not fit."""
     if need.cpus > free.cpus + 1e-9 or need.memory > free.memory:
         return None
-    return fit_devices(free.devices, need.gpus, need.gpu_memory)
+    return fit_devices(free.devices, need.gpus, need.gpu_memory, need.accelerator)
+
+
+def wait_reason(need: Need, free: Capacity) -> str:
+    """Why ``need`` does not fit ``free`` now, in one line (for `segue queue`)."""
+    if need.cpus > free.cpus + 1e-9 or need.memory > free.memory or not need.shares:
+        whole = sum(1 for d in free.devices if d.whole)
+        return (f"waiting for {need.describe()}; free now: {whole} gpus, {free.cpus:g} cpus, "
+                f"{free.memory / 2**30:.1f} GiB memory")
+    best = free.best_free(need.accelerator)
+    if best is None:
+        where = "every gpu is held whole" if not need.accelerator else \
+            f"every {need.accelerator} gpu is held whole"
+    else:
+        where = f"best free: {gib(best.available)} on gpu {best.index}"
+    return f"waiting for {need.describe_gpus()} ({where})"
 
 
 @dataclass(frozen=True)
@@ -134,16 +266,40 @@ class Holder:
     run_id: str
     priority: int
     preemptible: bool
-    devices: tuple[Device, ...]
+    devices: tuple[Device, ...]  # devices it holds whole
     cpus: float
     memory: int
     work_lost_s: float  # time since its last committed checkpoint
     preemptions: int  # how often it was preempted before
     steps: tuple[str, ...] = field(default=())
     home: str = ""  # the segue home the run belongs to (the pool is shared by every home)
+    shares: tuple[tuple[int, int], ...] = field(default=())  # (device, bytes) it shares
 
     def key(self) -> tuple[int, float, int, str]:
         return (self.priority, self.work_lost_s, self.preemptions, self.run_id)
+
+
+def _freed(free: Capacity, victims: Iterable[Holder]) -> Capacity:
+    cap = free
+    for h in victims:
+        cap = cap.plus(h.devices, h.cpus, h.memory, h.shares)
+    return cap
+
+
+def _greedy(need: Need, free: Capacity, candidates: Sequence[Holder]) -> list[Holder] | None:
+    """Take candidates in order until ``need`` fits, then drop those not needed (latest first)."""
+    chosen: list[Holder] = []
+    for h in candidates:
+        chosen.append(h)
+        if place(need, _freed(free, chosen)) is not None:
+            break
+    else:
+        return None
+    for h in reversed(list(chosen)):
+        rest = [x for x in chosen if x is not h]
+        if place(need, _freed(free, rest)) is not None:
+            chosen = rest
+    return chosen
 
 
 def choose_victims(
@@ -154,28 +310,34 @@ def choose_victims(
     Candidates are preemptible runs of strictly lower priority, taken in order
     of lowest priority, then least work lost, then least preempted so far.
     Victims that turn out unnecessary are dropped again (latest first).
+
+    Memory is freed per device: a sharer's release gives back its bytes, not
+    the device. So the victims may be chosen among the holders of one device
+    only (for each device in turn) as well as among all; of those sets the one
+    kept pauses nothing of a higher priority than it must, then the fewest
+    runs, then the least work lost, then the least preempted.
     """
     if place(need, free) is not None:
         return []
     candidates = sorted((h for h in holders if h.preemptible and h.priority < requester_priority),
                         key=Holder.key)
-    chosen: list[Holder] = []
-    cap = free
-    for h in candidates:
-        chosen.append(h)
-        cap = cap.plus(h.devices, h.cpus, h.memory)
-        if place(need, cap) is not None:
-            break
-    else:
+    options = [_greedy(need, free, candidates)]
+    if need.gpus == 1:
+        for index in sorted({i for h in candidates for i in _touched(h)}):
+            options.append(_greedy(need, free, [h for h in candidates if index in _touched(h)]))
+    found = [o for o in options if o is not None]
+    if not found:
         return None
-    for h in reversed(list(chosen)):
-        rest = [x for x in chosen if x is not h]
-        trial = free
-        for x in rest:
-            trial = trial.plus(x.devices, x.cpus, x.memory)
-        if place(need, trial) is not None:
-            chosen = rest
-    return chosen
+
+    def rank(vs: list[Holder]) -> tuple[int, int, float, int, list[str]]:
+        return (max(v.priority for v in vs), len(vs), sum(v.work_lost_s for v in vs),
+                sum(v.preemptions for v in vs), sorted(v.run_id for v in vs))
+
+    return min(found, key=rank)
+
+
+def _touched(h: Holder) -> set[int]:
+    return {d.index for d in h.devices} | {i for i, _ in h.shares}
 
 
 def step_need(steps: Mapping[str, StepSpec], step: str, gpus_override: int = -1,
@@ -191,4 +353,6 @@ def step_need(steps: Mapping[str, StepSpec], step: str, gpus_override: int = -1,
     if gpus_override >= 0 and (r.gpus > 0 or not any_gpu):
         gpus = gpus_override
     mem = gpu_memory_override or r.gpu_memory
-    return Need(gpus=gpus, gpu_memory=mem if gpus else None, cpus=r.cpus, memory=r.memory or 0)
+    hint = r.accelerator
+    return Need(gpus=gpus, gpu_memory=mem if gpus else None, cpus=r.cpus, memory=r.memory or 0,
+                accelerator=canonical_accelerator(hint) if gpus and hint else None)

@@ -26,7 +26,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StoreError
-from ..scheduler.policy import Capacity, Device, Need, place
+from ..scheduler.policy import (
+    Capacity,
+    Device,
+    Need,
+    device_kind,
+    gib,
+    kind_matches,
+    place,
+    wait_reason,
+)
 from .base import Clock, now
 from .pool import (
     Allocated,
@@ -77,9 +86,17 @@ _SCHEMA_V2 = (
        host TEXT NOT NULL, actor TEXT NOT NULL, user TEXT NOT NULL, change TEXT NOT NULL)""",
     "CREATE INDEX pool_changes_by_host ON pool_changes (host, id)",
 )
+# Version 3: memory-aware sharing. An allocation records the bytes it uses on each
+# of its devices (NULL: it holds them whole, as every allocation of versions 1 and 2
+# did, so old rows keep their meaning); a request records its accelerator hint.
+_SCHEMA_V3 = (
+    "ALTER TABLE allocations ADD COLUMN gpu_memory INTEGER",
+    "ALTER TABLE requests ADD COLUMN accelerator TEXT",
+)
 # (version a database has once applied, statements): schemas are frozen once shipped;
 # a change is a new step, applied to older files when they are opened.
-_STEPS: tuple[tuple[int, tuple[str, ...]], ...] = ((1, _SCHEMA), (2, _SCHEMA_V2))
+_STEPS: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (1, _SCHEMA), (2, _SCHEMA_V2), (3, _SCHEMA_V3))
 VERSION = _STEPS[-1][0]
 
 
@@ -241,10 +258,13 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
             never = never_fits(need, hp)
             if never is not None:
                 return Denied(never, never=True)
+            # Read and insert in this one BEGIN IMMEDIATE transaction: two placements
+            # racing for the last free bytes of a device serialize here, so the sum of
+            # a device's sharers never exceeds its memory.
             free = _free(conn, host, t, home)
             devs = place(need, free)
             if devs is None:
-                return Denied(f"waiting for {need.describe()}; free now: {_describe_free(free)}")
+                return Denied(wait_reason(need, free))
             mine = conn.execute(
                 "SELECT submitted_at FROM requests WHERE home = ? AND run_id = ? AND step = ?"
                 " AND lease_until > ?", (home, run_id, step, t)).fetchone()
@@ -266,10 +286,11 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
                                   f"waiting since {r.submitted_at:.3f})")
             cur = conn.execute(
                 "INSERT INTO allocations (host, home, run_id, step, epoch, devices, cpus, memory,"
-                " priority, preemptible, since, lease_until)"
-                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?)",
+                " priority, preemptible, since, lease_until, gpu_memory)"
+                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (host, home, run_id, step, json.dumps(devs), float(need.cpus), int(need.memory),
-                 int(priority), int(preemptible), t, t + ttl_s),
+                 int(priority), int(preemptible), t, t + ttl_s,
+                 need.gpu_memory if need.shares else None),
             )
             conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
                          (home, run_id, step))
@@ -340,17 +361,18 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
             t = self._clock()
             conn.execute(
                 "INSERT INTO requests (home, run_id, step, host, priority, gpus, gpu_memory, cpus,"
-                " memory, submitted_at, reason, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-                " ?, ?) ON CONFLICT (home, run_id, step) DO UPDATE SET host = excluded.host,"
-                " priority = excluded.priority, gpus = excluded.gpus,"
-                " gpu_memory = excluded.gpu_memory, cpus = excluded.cpus,"
+                " memory, submitted_at, reason, lease_until, accelerator) VALUES (?, ?, ?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (home, run_id, step) DO UPDATE SET"
+                " host = excluded.host, priority = excluded.priority, gpus = excluded.gpus,"
+                " gpu_memory = excluded.gpu_memory, accelerator = excluded.accelerator,"
+                " cpus = excluded.cpus,"
                 " memory = excluded.memory, reason = excluded.reason,"
                 " lease_until = excluded.lease_until,"
                 # An expired request starts a new wait; a live one keeps its place in line.
                 " submitted_at = CASE WHEN requests.lease_until > ? THEN requests.submitted_at"
                 " ELSE excluded.submitted_at END",
                 (home, run_id, step, host, int(priority), need.gpus, need.gpu_memory,
-                 float(need.cpus), int(need.memory), t, reason, t + ttl_s, t),
+                 float(need.cpus), int(need.memory), t, reason, t + ttl_s, need.accelerator, t),
             )
             row = conn.execute("SELECT * FROM requests WHERE home = ? AND run_id = ? AND step = ?",
                                (home, run_id, step)).fetchone()
@@ -414,20 +436,35 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
 
 def shared_part(need: Need, other_home: bool) -> Need:
     """What of ``need`` competes with a run of another home: its devices only."""
-    return Need(gpus=need.gpus, gpu_memory=need.gpu_memory) if other_home else need
+    return Need(gpus=need.gpus, gpu_memory=need.gpu_memory,
+                accelerator=need.accelerator) if other_home else need
+
+
+def kinds(hp: HostPool) -> dict[int, str]:
+    """Each device's type, as ``accelerator=`` hints are matched against it."""
+    return {d.index: device_kind(d.name, d.memory, d.virtual) for d in hp.devices}
 
 
 def never_fits(need: Need, hp: HostPool) -> str | None:
     """Why ``need`` can never run on this host as configured, or None."""
     if need.gpus <= 0:
         return None
-    big = [d for d in hp.devices if d.memory >= (need.gpu_memory or 0)]
+    kind = kinds(hp)
+    typed = [d for d in hp.devices if kind_matches(kind[d.index], need.accelerator)]
+    big = [d for d in typed if d.memory >= (need.gpu_memory or 0)]
     if len(big) >= need.gpus:
         return None
-    have = f"{len(hp.devices)} gpu{'' if len(hp.devices) == 1 else 's'}"
-    if need.gpu_memory and len(hp.devices) >= need.gpus:
-        have += f", {len(big)} with >= {need.gpu_memory / 2**30:.0f} GiB"
-    gpus = Need(gpus=need.gpus, gpu_memory=need.gpu_memory).describe()
+    gpus = Need(gpus=need.gpus, gpu_memory=need.gpu_memory, accelerator=need.accelerator).describe()
+    if need.accelerator and len(typed) < need.gpus:
+        counts: dict[str, int] = {}
+        for k in kind.values():
+            counts[k] = counts.get(k, 0) + 1
+        types = ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) or "no gpus"
+        return f"needs {gpus} but host {hp.host!r} has {types}; it can never run here"
+    have = f"{len(typed)} {need.accelerator + ' ' if need.accelerator else ''}gpu" \
+           f"{'' if len(typed) == 1 else 's'}"
+    if need.gpu_memory and len(typed) >= need.gpus:
+        have += f", {len(big)} with >= {gib(need.gpu_memory)}"
     return f"needs {gpus} but host {hp.host!r} has {have}; it can never run here"
 
 
@@ -466,7 +503,9 @@ def _host(conn: sqlite3.Connection, host: str) -> HostPool | None:
 def _free(conn: sqlite3.Connection, host: str, t: float, home: str | None) -> Capacity:
     """Free devices of the host, and free cpus and memory as seen by ``home``.
 
-    Devices are the machine's: an allocation of any home makes one busy. CPU
+    Devices are the machine's: an allocation of any home that holds a device
+    whole (no ``gpu_memory``) takes it out; one that shares it takes its bytes,
+    and the device stays listed with the memory its sharers leave. CPU
     and memory figures are a share of the host that each home budgets for
     itself (oversubscribing cores only slows runs down, while two holders of
     one GPU break both), so only ``home``'s own allocations count against them
@@ -475,20 +514,27 @@ def _free(conn: sqlite3.Connection, host: str, t: float, home: str | None) -> Ca
     hp = _host(conn, host)
     if hp is None:
         return Capacity((), 0.0, 0)
-    busy: set[int] = set()
+    whole: set[int] = set()
+    used: dict[int, int] = {}
+    sharers: dict[int, int] = {}
     cpus, mem = hp.cpus, hp.memory
     for r in conn.execute(f"SELECT * FROM allocations WHERE host = ? AND {_LIVE}", (host, t)):
         a = _alloc(r)
-        busy.update(a.devices)
+        for i in a.devices:
+            if a.gpu_memory is None:
+                whole.add(i)
+            else:
+                used[i] = used.get(i, 0) + a.gpu_memory
+                sharers[i] = sharers.get(i, 0) + 1
         if home is None or a.home == home:
             cpus -= a.cpus
             mem -= a.memory
-    devices = tuple(Device(d.index, d.memory) for d in hp.devices if d.index not in busy)
+    kind = kinds(hp)
+    devices = tuple(
+        Device(d.index, d.memory, free=max(0, d.memory - used.get(d.index, 0)),
+               sharers=sharers.get(d.index, 0), kind=kind[d.index])
+        for d in hp.devices if d.index not in whole)
     return Capacity(devices, cpus, mem)
-
-
-def _describe_free(free: Capacity) -> str:
-    return f"{len(free.devices)} gpus, {free.cpus:g} cpus, {free.memory / 2**30:.1f} GiB memory"
 
 
 def _requests(conn: sqlite3.Connection, host: str | None, t: float) -> list[RequestRecord]:
@@ -506,7 +552,7 @@ def _alloc(r: sqlite3.Row) -> AllocationRecord:
         epoch=r["epoch"], devices=tuple(json.loads(r["devices"])), cpus=r["cpus"],
         memory=r["memory"], priority=r["priority"], preemptible=bool(r["preemptible"]),
         since=r["since"], lease_until=r["lease_until"], released_at=r["released_at"],
-        ckpt_at=r["ckpt_at"], preemptions=r["preemptions"],
+        ckpt_at=r["ckpt_at"], preemptions=r["preemptions"], gpu_memory=r["gpu_memory"],
     )
 
 
@@ -514,7 +560,8 @@ def _request(r: sqlite3.Row) -> RequestRecord:
     return RequestRecord(
         home=r["home"], run_id=r["run_id"], step=r["step"], host=r["host"],
         priority=r["priority"],
-        need=Need(gpus=r["gpus"], gpu_memory=r["gpu_memory"], cpus=r["cpus"], memory=r["memory"]),
+        need=Need(gpus=r["gpus"], gpu_memory=r["gpu_memory"], cpus=r["cpus"], memory=r["memory"],
+                  accelerator=r["accelerator"]),
         submitted_at=r["submitted_at"], reason=r["reason"], lease_until=r["lease_until"],
     )
 

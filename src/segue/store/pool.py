@@ -62,6 +62,9 @@ class AllocationRecord:
     released_at: float | None
     ckpt_at: float | None  # the holder's last committed checkpoint (for victim choice)
     preemptions: int  # how often the holder's run was preempted before
+    # Bytes it uses on each of its devices, which it shares with other such
+    # allocations; None: it holds its devices whole (schema 3).
+    gpu_memory: int | None = None
 
     def live(self, at: float) -> bool:
         return self.released_at is None and self.lease_until > at
@@ -159,6 +162,13 @@ class HostPoolStore(ABC):
 
         Denied when it does not fit, or when a better-ranked live request
         (higher priority, or equal priority, older, and fitting) waits.
+
+        A ``need`` with ``gpu_memory`` shares its devices: it fits a device that
+        no allocation holds whole and whose sharers leave at least that many
+        bytes; without, it needs devices nobody uses. Isolation: the read of the
+        free capacity and the insert must be one serializable transaction (a
+        backend without a single writer locks the host's allocation rows), so
+        that no device is ever held whole twice, or oversubscribed.
         """
 
     @abstractmethod

@@ -1,0 +1,20 @@
+"""Ready model handlers. Each imports its library only when it loads its model.
+
+=========================== ============================ ==================
+handler                     model                        extra
+=========================== ============================ ==================
+:class:`PytorchModelHandler` a ``torch.nn.Module`` class + safetensors weights  ``segue[torch]``
+:class:`TransformersHandler` ``AutoModel``/``AutoTokenizer`` from a local directory  ``segue[hf]``
+:class:`SentenceTransformerHandler` a sentence-transformers directory          ``segue[hf]``
+:class:`OnnxModelHandler`   an ``.onnx`` file on ONNX Runtime                  ``segue[onnx]``
+=========================== ============================ ==================
+"""
+
+from __future__ import annotations
+
+from .onnxrt import OnnxModelHandler
+from .pytorch import PytorchModelHandler
+from .sbert import SentenceTransformerHandler
+from .transformers_hf import TransformersHandler
+
+__all__ = ["OnnxModelHandler", "PytorchModelHandler", "SentenceTransformerHandler", "TransformersHandler"]
