@@ -155,3 +155,18 @@ def test_a_model_that_cannot_load_fails_without_retries_and_says_why(segue: Any,
     assert "could not load its model" in step["error"] and "NoSuchNet" in step["error"]
     assert not list((tmp_path / "out").glob("part-*"))  # no record was dead-lettered or published
     assert not list((segue.home / "dead-letter").rglob("*.jsonl"))
+
+
+def test_sub_workers_load_the_model_once_each_and_match_one_worker(segue: Any, tmp_path: Path) -> None:
+    n = 2000
+    inp = make_texts(tmp_path / "in.jsonl", n)
+    clean = clean_run(segue, tmp_path, TORCH_FLOW, inp, "y", 20000)
+    out = tmp_path / "out"
+    proc = segue("run", str(FLOWS / "embed_parallel.py"), "--run-id", "par", "-p", f"input={inp}",
+                 "-p", f"out={out}", "-p", "shard_bytes=20000", timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    # The same shards and so the same batches as one worker: the same bits, each record once.
+    assert_identical(read_parquet(out, "y"), clean, n)
+    loads = model_events(segue, "par")
+    assert len(loads) == 2 and not any(e["data"]["reload"] for e in loads), [e["reason"] for e in loads]
+    assert segue.status("par")["accounting"]["model_loads"] == 2

@@ -65,12 +65,26 @@ class Recipe:
 
 
 class _RebuildContext:
-    """What a ``source=``/``sink=`` builder may read in a sub-worker: ids and params."""
+    """What a ``source=``/``sink=`` builder (and a model session) may use in a sub-worker:
+    ids, params, and :meth:`record_event` (a model's loads are run events, as in the step's
+    own process). ``attempt`` is the epoch: it too is 1 only for the step's first attempt."""
 
     def __init__(self, r: Recipe) -> None:
         self.run_id, self.step, self.epoch, self.attempt = r.run_id, r.step, r.epoch, r.epoch
         self.params = dict(r.params)
         self.home = r.home
+        self._store: Any = None
+
+    def record_event(self, kind: str, reason: str, *, data: Any = None, stats: Any = None) -> None:
+        from ..home import Home
+        from ..states import Actor
+
+        if self._store is None:
+            self._store = Home.resolve(self.home).open_store()
+        self._store.append_event(self.run_id, kind, actor=Actor.WORKER, step=self.step, reason=reason,
+                                 data=dict(data) if data is not None else None)
+        if stats:
+            self._store.add_stats(self.run_id, dict(stats))
 
 
 def _die_with_parent(parent_pid: int) -> None:

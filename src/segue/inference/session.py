@@ -100,7 +100,7 @@ class ModelSession:
     def _event(self, reason: str, data: dict[str, Any], stats: dict[str, float] | None = None) -> None:
         log.info("step %s: %s", getattr(self.ctx, "step", "?"), reason)
         record = getattr(self.ctx, "record_event", None)
-        if record is not None:  # a sub-worker's rebuilt context has no store: its log says it
+        if record is not None:  # a step context, or a sub-worker's rebuilt one (data.subworker)
             record("model", reason, data=data, stats=stats)
 
 
