@@ -83,7 +83,12 @@ def format_pool(doc: dict[str, Any]) -> list[str]:
              f"{len(doc['devices'])} gpus" + (f"; pool {doc['pool']}" if doc.get("pool") else "")]
     for d in doc["devices"]:
         h = d["holder"]
-        if h is not None:
+        shared = [x for x in d.get("holders") or [] if x.get("gpu_memory")]
+        if shared:
+            each = "; ".join(f"{x['run_id']}/{x['step']} {x['gpu_memory'] / 2**30:.0f} GiB "
+                             f"({priority_name(x['priority'])}) since {fmt_time(x['since'])}" for x in shared)
+            who = f"shared, {d['free_memory'] / 2**30:.1f} GiB free: {each}"
+        elif h is not None:
             who = (f"{h['run_id']}/{h['step']} ({priority_name(h['priority'])}) since "
                    f"{fmt_time(h['since'])}, home {h['home']}")
         elif d["busy_outside_pool"]:

@@ -104,9 +104,13 @@ class DeviceView:
     name: str
     memory: int
     virtual: bool
-    holder: dict[str, Any] | None  # {"home", "run_id", "step", "priority", "since"}
+    holder: dict[str, Any] | None  # {"home", "run_id", "step", "priority", "since", "gpu_memory"}
     processes: list[dict[str, Any]] = field(default_factory=list)  # what the driver sees on it
     busy_outside_pool: bool = False
+    # Every allocation on the device (several when steps share it by memory; gpu_memory
+    # None: held whole) and the memory they leave free (0 when held whole).
+    holders: list[dict[str, Any]] = field(default_factory=list)
+    free_memory: int | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DeviceView:

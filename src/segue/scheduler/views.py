@@ -20,19 +20,23 @@ def pool_doc(hp: HostPool, allocs: Iterable[AllocationRecord], procs: GpuProcess
     (something outside segue, or a segue run of another pool, uses it).
     """
     allocs = list(allocs)
-    holder = {d: al for al in allocs for d in al.devices}
+    on: dict[int, list[AllocationRecord]] = {}
+    for al in sorted(allocs, key=lambda a: a.since):
+        for i in al.devices:
+            on.setdefault(i, []).append(al)
     devices = []
     for d in hp.devices:
-        h = holder.get(d.index)
+        hs = on.get(d.index, [])
         others = [] if d.virtual else procs.get(d.index, [])
+        whole = any(h.gpu_memory is None for h in hs)
         devices.append({
             "index": d.index, "name": d.name, "memory": d.memory, "virtual": d.virtual,
-            "holder": None if h is None else {
-                "home": h.home, "run_id": h.run_id, "step": h.step, "priority": h.priority,
-                "since": h.since,
-            },
+            "holder": _holder(hs[0]) if hs else None,  # the first, for readers of one holder
+            # Every allocation on it: one that holds it whole, or the steps sharing it by memory.
+            "holders": [_holder(h) for h in hs],
+            "free_memory": 0 if whole else max(0, d.memory - sum(h.gpu_memory or 0 for h in hs)),
             "processes": [{"pid": pid, "memory": mem} for pid, mem in others],
-            "busy_outside_pool": h is None and bool(others),
+            "busy_outside_pool": not hs and bool(others),
         })
     return {
         "host": hp.host, "source": hp.source, "cpus": hp.cpus, "memory": hp.memory,
@@ -40,6 +44,11 @@ def pool_doc(hp: HostPool, allocs: Iterable[AllocationRecord], procs: GpuProcess
         "cpus_allocated": sum(al.cpus for al in allocs if home is None or al.home == home),
         "devices": devices,
     }
+
+
+def _holder(h: AllocationRecord) -> dict[str, Any]:
+    return {"home": h.home, "run_id": h.run_id, "step": h.step, "priority": h.priority, "since": h.since,
+            "gpu_memory": h.gpu_memory}
 
 
 def display_states(store: Any, runs: Iterable[Any]) -> dict[str, str]:
