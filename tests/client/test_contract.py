@@ -131,6 +131,19 @@ def test_pool_changes_name_who_made_them(client: BaseClient, tmp_path: Path) -> 
             client.pool_changes(limit=bad)
 
 
+def test_configure_pool_with_types_and_groups(client: BaseClient) -> None:
+    view = client.configure_pool(gpus=1, gpu_memory="96GB", cpus=4, gpu_type="rtx-pro-6000",
+                                 groups=[(2, "24GB", "l4")])
+    assert [d.memory for d in view.devices] == [96 * 2**30, 24 * 2**30, 24 * 2**30]
+    assert [d.index for d in view.devices] == [0, 1, 2]
+    assert len({d.name for d in view.devices}) == 2  # the two types are told apart
+    change = client.pool_changes(limit=1)[0]
+    assert change.actor != "" and change.change["after"]["gpus"] == 3
+    with pytest.raises(segue.UsageError):
+        client.configure_pool(gpus=-1)
+    assert client.pool_changes(limit=1) == [change]  # a refused change writes nothing
+
+
 def test_both_kinds_return_equal_records(tmp_path: Path, _test_pool: Path, server: Any) -> None:
     local = segue.Client(server.home, pool=_test_pool)
     with segue.Client(server.url, token=server.token) as remote:

@@ -296,3 +296,28 @@ def test_runs_page_with_10k_runs(_test_pool: Path) -> None:
         # a bound here: a wall-clock bound fails on a loaded machine.
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[str, str], home: Home,
+                                                  _test_pool: Path) -> None:
+    import socket
+
+    from segue.scheduler.policy import Need
+    from segue.store.hostpool import open_pool
+    from segue.store.pool import Allocated
+
+    pool = open_pool(_test_pool)
+    host = socket.gethostname()
+    pool.configure_host(host, cpus=8, memory=64 * 2**30, devices=[("virtual-0", 96 * 2**30, True)],
+                        source="configured")
+    for i, run in enumerate(("embed-a", "embed-b")):
+        a = pool.allocate(str(home.root), run, "embed", host=host, need=Need(gpus=1, gpu_memory=40 * 2**30),
+                          priority=0, preemptible=True, ttl_s=600)
+        assert isinstance(a, Allocated) and pool.bind(a.id, i + 1, 600)
+    login(web, tokens["viewer"])
+    page = web.get("/pool").text
+    row = re.search(r'<tr class="held">.*?</tr>', page, re.S)
+    assert row is not None
+    assert '<a href="/runs/embed-a">embed-a</a> · embed' in row.group(0)
+    assert '<a href="/runs/embed-b">embed-b</a> · embed' in row.group(0)
+    assert "16.0 GiB free" in row.group(0) or "16 GiB free" in row.group(0), row.group(0)

@@ -10,7 +10,7 @@ classes of :mod:`segue.errors` on both sides: an unknown run raises
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..states import RunState
@@ -112,6 +112,13 @@ class BaseClient(ABC):
     @abstractmethod
     def pool(self) -> PoolView:
         """This host's devices and who holds them."""
+
+    @abstractmethod
+    def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
+                       memory: str | int | None = None, gpu_type: str | None = None,
+                       groups: Sequence[tuple[int, str | int, str | None]] = ()) -> PoolView:
+        """Set this host's pool to virtual GPUs: ``gpus`` of ``gpu_memory`` (of type
+        ``gpu_type``), then each group (count, memory, type); recorded with the actor."""
 
     @abstractmethod
     def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:

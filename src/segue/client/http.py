@@ -8,7 +8,7 @@ class name, and the client raises that class with the server's message.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -181,6 +181,16 @@ class HttpClient(BaseClient):
 
     def pool(self) -> PoolView:
         return PoolView.from_json(self._call("GET", "/api/pool"))
+
+    def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
+                       memory: str | int | None = None, gpu_type: str | None = None,
+                       groups: Sequence[tuple[int, str | int, str | None]] = ()) -> PoolView:
+        """As :meth:`LocalClient.configure_pool`, on the server's host (admin; recorded
+        with this token's principal)."""
+        body: dict[str, Any] = {"gpus": gpus, "gpu_memory": gpu_memory, "cpus": cpus, "memory": memory,
+                                "gpu_type": gpu_type,
+                                "groups": [{"count": n, "memory": m, "type": t} for n, m, t in groups]}
+        return PoolView.from_json(self._call("PUT", "/api/pool", json=body))
 
     def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:
         if check_changes_limit(limit) == 0:

@@ -10,6 +10,13 @@ assignment and position and every sub-worker's sink state; only then do the
 sub-workers publish. Rebalancing happens at a barrier too: a lagging shard
 is split at its position, the two halves of its remainder go to the lagging
 and to an idle sub-worker, and that checkpoint commits the split.
+
+Elastic steps (``workers=(min, max)``): the checkpoint has ``max`` slots, each
+with its own sink scope; a slot is *live* while a sub-worker serves it. A
+retired slot keeps its shard and position (vacant work), which the next idle
+sub-worker takes over. Sub-workers are added when work waits and the pool
+has devices (:class:`segue.data.elastic.Scaler`), and retired at a barrier:
+they publish what the checkpoint covers and exit, then their devices go back.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Any
 
 from ..run.park import Park
 from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
+from .elastic import Group, Scaler
 from .pool import LocalProcessPool, SubWorkerLost, SubWorkerPool
 from .sinks.base import Scope, Sink
 from .sources.base import Shard, Source
@@ -48,7 +56,8 @@ class ParallelMapRun(MapRun):
     def __init__(self, ctx: Any, source: Source, op: Any, sink: Sink, dead: Sink, limits: Limits,
                  on_input_change: str, read_batch: int, *, workers: int, min_split: int | None,
                  recipe: Recipe | None, pool: SubWorkerPool | None = None,
-                 allow_pickle: bool = False) -> None:
+                 allow_pickle: bool = False, min_workers: int | None = None,
+                 scaler: Scaler | None = None) -> None:
         super().__init__(ctx, source, op, sink, dead, limits, on_input_change, read_batch)
         for s in (sink, dead):
             if not s.supports_workers:
@@ -63,6 +72,10 @@ class ParallelMapRun(MapRun):
         self.idle = [True] * workers
         self.splits = 0
         self._unsplittable: set[str] = set()  # shards whose split() said no: don't ask again
+        low = workers if min_workers is None else min_workers
+        self.scaler = scaler if scaler is not None else Scaler.for_attempt(ctx, low, workers)
+        self.live: dict[int, Group | None] = {}  # slot -> the devices of its sub-worker
+        self.starting: dict[int, Group | None] = {}  # started, not yet opened its sinks
 
     def _pickled_recipe(self) -> Recipe:
         if not self.allow_pickle:
@@ -127,43 +140,65 @@ class ParallelMapRun(MapRun):
         self.sink.preflight(c.run_id, c.step)
         self.dead.preflight(c.run_id, c.step)
         try:
-            self.pool.start(self.n, self.recipe)
-            for i in range(self.n):
+            # Slots holding restored work start first; the rest take over vacant work.
+            order = sorted(range(self.n), key=lambda i: (self.slots[i].shard is None, i))
+            first = dict(zip(order, self.scaler.initial_groups(), strict=False))
+            for i, devices in first.items():
+                self.pool.add(i, self.recipe, devices)
                 self.pool.send(i, ("open", self.sink_states[i], self.dead_states[i]))
-            self._await("opened", range(self.n))
-            for i, slot in enumerate(self.slots):
-                if slot.shard is not None:
-                    self.idle[i] = False
-                    self.pool.send(i, ("assign", slot.shard.to_json(), slot.position))
+            self._await("opened", first)
+            for i, devices in sorted(first.items()):
+                self._went_live(i, devices)
             self._loop()
+            for i in list(self.starting):  # not opened: nothing of theirs is committed
+                self.starting.pop(i)
+                self.pool.remove(i)
             self._barrier(done=True)
-            for i in range(self.n):
+            for i in self.live:
                 self.pool.send(i, ("finish",))
-            self._await("finished", range(self.n))
+            self._await("finished", self.live)
+            self._finish_vacant()
         finally:
             self.pool.stop()
         return self.summary()
 
-    def _finish_committed(self) -> None:
+    def _finish_committed(self, slots: Any = None) -> None:
         # The last checkpoint said done: roll its staged output forward, per sub-worker scope.
         c = self.ctx
-        for i in range(self.n):
+        for i in range(self.n) if slots is None else slots:
             for s, st in ((self.sink, self.sink_states[i]), (self.dead, self.dead_states[i])):
                 s.open(Scope(c.run_id, c.step, c.epoch, worker=i), st)
                 s.finish()
                 s.close()
+
+    def _finish_vacant(self) -> None:
+        """Slots without a sub-worker at the end (retired): finish their sinks here."""
+        self._finish_committed([i for i in range(self.n) if i not in self.live
+                                and (self.sink_states[i] is not None or self.dead_states[i] is not None)])
+
+    def _went_live(self, i: int, devices: Group | None) -> None:
+        self.live[i] = devices
+        slot = self.slots[i]
+        self.idle[i] = slot.shard is None
+        if slot.shard is not None:
+            self.pool.send(i, ("assign", slot.shard.to_json(), slot.position))
+
+    def _vacant_work(self) -> list[int]:
+        return [i for i in range(self.n) if i not in self.live and self.slots[i].shard is not None]
 
     def _loop(self) -> None:
         while True:
             for i, msg in self.pool.recv(0.05):
                 self._on(i, msg)
             self._assign_idle()
-            if all(self.idle) and not self.queue:
+            if all(self.idle[i] for i in self.live) and not self.queue and not self._vacant_work():
                 return
             lagging = self._split_candidate()
             if lagging is not None or self.ctx.checkpoint_due(self.stats["records_in"]):
                 self._barrier(split=lagging is not None)
             self.ctx.progress(self._done_units(), self.total)
+            if self.scaler.elastic:
+                self._scale()
 
     def _on(self, i: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
@@ -187,6 +222,8 @@ class ParallelMapRun(MapRun):
                 self.finished += slot.shard.done(slot.position) if slot.position else 0
             slot.shard, slot.position = None, None
             self.idle[i] = True
+        elif kind == "opened" and i in self.starting:
+            self._went_live(i, self.starting.pop(i))
         elif kind not in ("published",):
             raise SubWorkerLost(f"sub-worker {i} sent an unexpected {kind!r}")
 
@@ -203,11 +240,82 @@ class ParallelMapRun(MapRun):
         return got
 
     def _assign_idle(self) -> None:
-        for i in range(self.n):
-            if self.idle[i] and self.queue:
+        for i in sorted(self.live):
+            if not self.idle[i]:
+                continue
+            vacant = self._vacant_work()
+            if vacant:
+                # Take over a retired sub-worker's shard where the last checkpoint left it.
+                src = self.slots[vacant[0]]
+                shard, pos = src.shard, src.position
+                src.shard, src.position = None, None
+                assert shard is not None  # _vacant_work lists slots holding a shard
+                self.slots[i].shard, self.slots[i].position = shard, pos
+                self.idle[i] = False
+                self.pool.send(i, ("assign", shard.to_json(), pos))
+            elif self.queue:
                 shard = self.source.shard_from_json(self.queue.pop(0))
                 self._give(i, shard)
                 self.pool.send(i, ("assign", shard.to_json(), shard.start()))
+
+    # -- elastic: growing and shrinking -----------------------------------------
+    def _scale(self) -> None:
+        revoked = self.scaler.revoked()
+        gone = [i for i, devs in {**self.live, **self.starting}.items() if devs and revoked & set(devs)]
+        if gone:
+            self._retire(gone, "its devices were promised to a more urgent run (partial preemption)")
+            return
+        busy = sum(1 for i in self.live if not self.idle[i])
+        waiting = len(self.queue) + len(self._vacant_work())
+        if waiting > len(self.starting) and len(self.live) + len(self.starting) < self.n:
+            self._grow(waiting)
+        elif not waiting and not self.starting and len(self.live) > self.scaler.low and \
+                self._split_candidate() is None and busy < len(self.live):
+            idle = sorted((i for i in self.live if self.idle[i]), reverse=True)
+            self._retire(idle[:len(self.live) - self.scaler.low], "it ran out of work")
+
+    def _grow(self, waiting: int) -> None:
+        devices = self.scaler.grow()
+        if devices is None:
+            return
+        free = [i for i in range(self.n) if i not in self.live and i not in self.starting]
+        # A slot holding vacant work resumes it itself: its sink scope is that slot's.
+        i = min(free, key=lambda k: (self.slots[k].shard is None, k))
+        self.pool.add(i, self.recipe, devices or None)
+        self.pool.send(i, ("open", self.sink_states[i], self.dead_states[i]))
+        self.starting[i] = devices or None
+        self._scaled("up", [i], devices or (), f"{waiting} shard(s) waiting")
+
+    def _retire(self, slots: list[int], why: str) -> None:
+        """Stop the sub-workers of ``slots`` at a barrier and give their devices back."""
+        running = [i for i in slots if i in self.live]
+        devices = [d for i in slots for d in (self.live.get(i) or self.starting.get(i) or ())]
+        if running:
+            self._barrier(retire=running)  # they publish what it covers and exit
+        for i in slots:
+            if i in self.starting:
+                self.starting.pop(i)  # not opened yet: nothing of it is committed
+                self.pool.remove(i)
+            else:
+                self.live.pop(i, None)
+                self.pool.remove(i)
+            self.idle[i] = True
+        self.scaler.shrink(devices)
+        self._scaled("down", slots, tuple(devices), why)
+
+    def _scaled(self, way: str, slots: list[int], devices: tuple[int, ...], why: str) -> None:
+        n = len(self.live) + len(self.starting)
+        on = f" on devices {list(devices)}" if devices else ""
+        msg = (f"scaled {way} to {n} sub-worker(s) of {self.scaler.low}..{self.n}: "
+               f"sub-worker(s) {slots}{on} {'started' if way == 'up' else 'retired'}; {why}")
+        log.info("step %s: %s", self.ctx.step, msg)
+        key = "scale_ups" if way == "up" else "scale_downs"
+        self.stats[key] = self.stats.get(key, 0) + 1
+        record = getattr(self.ctx, "record_event", None)
+        if record is not None:
+            record("scale", msg, data={"direction": way, "workers": n, "slots": slots,
+                                       "devices": list(devices)},
+                   stats={key: 1})
 
     def _give(self, i: int, shard: Shard) -> None:
         self.slots[i].shard, self.slots[i].position = shard, shard.start()
@@ -219,9 +327,9 @@ class ParallelMapRun(MapRun):
         return float(1 << 20) if self.unit == "bytes" else float(4 * self.read_batch)
 
     def _split_candidate(self) -> int | None:
-        if self.queue or not any(self.idle):
+        if self.queue or self._vacant_work() or not any(self.idle[i] for i in self.live):
             return None
-        cand = [i for i in range(self.n) if self.slots[i].shard is not None
+        cand = [i for i in self.live if self.slots[i].shard is not None
                 and self.slots[i].shard.key not in self._unsplittable]  # type: ignore[union-attr]
         if not cand:
             return None
@@ -229,10 +337,11 @@ class ParallelMapRun(MapRun):
         return best if self.slots[best].remaining() > self._threshold() else None
 
     # -- the barrier --------------------------------------------------------------
-    def _barrier(self, split: bool = False, done: bool = False) -> None:
-        for i in range(self.n):
+    def _barrier(self, split: bool = False, done: bool = False, retire: Any = ()) -> None:
+        live = sorted(self.live)
+        for i in live:
             self.pool.send(i, ("barrier",))
-        staged = self._await("staged", range(self.n))
+        staged = self._await("staged", live)
         for i, msg in staged.items():
             self.sink_states[i], self.dead_states[i] = msg[1], msg[2]
         moves: dict[int, Shard] = {}
@@ -244,7 +353,7 @@ class ParallelMapRun(MapRun):
             "slots": [{"shard": None if s.shard is None else s.shard.to_json(), "position": s.position}
                       for s in self.slots],
             "sinks": list(self.sink_states), "dead": list(self.dead_states),
-            "stats": dict(self.stats), "done": done,
+            "stats": dict(self.stats), "done": done, "live": live,
         }
         done_units = self._done_units() if not done or self.total is None else float(self.total)
         self.ctx.progress(done_units, self.total)
@@ -252,19 +361,26 @@ class ParallelMapRun(MapRun):
             self.ctx.checkpoint(state, position=self._parallel_position(done_units), durable=True)
         except Park:
             # Committed: publish what it names, then unwind (execute stops the pool).
-            for i in range(self.n):
+            for i in live:
                 self.pool.send(i, ("publish", None, None))
-            self._await("published", range(self.n))
+            self._await("published", live)
             raise
-        for i in range(self.n):
+        for i in live:
             s = moves.get(i)
-            self.pool.send(i, ("publish", None, None) if s is None else ("publish", s.to_json(), s.start()))
+            if i in retire:
+                self.pool.leaving(i)
+                self.pool.send(i, ("retire",))
+            else:
+                self.pool.send(i, ("publish", None, None) if s is None else
+                               ("publish", s.to_json(), s.start()))
+        if retire:
+            self._await("published", retire)
 
     def _split(self) -> dict[int, Shard]:
         """Split lagging shards for idle sub-workers; returns the new assignments."""
         moves: dict[int, Shard] = {}
-        for idle in [i for i in range(self.n) if self.idle[i]]:
-            cand = [i for i in range(self.n) if not self.idle[i] and i not in moves
+        for idle in [i for i in sorted(self.live) if self.idle[i]]:
+            cand = [i for i in sorted(self.live) if not self.idle[i] and i not in moves
                     and self.slots[i].shard.key not in self._unsplittable]  # type: ignore[union-attr]
             if not cand:
                 break
@@ -294,7 +410,8 @@ class ParallelMapRun(MapRun):
 
     def _parallel_position(self, done: float) -> dict[str, Any]:
         pos = self._position(len(self.shards), done)
-        pos.update({"workers": self.n, "splits": self.splits, "queued": len(self.queue),
+        pos.update({"workers": self.n, "live": len(self.live), "splits": self.splits,
+                    "queued": len(self.queue),
                     "slots": [{"shard": None if s.shard is None else s.shard.key,
                                "done": None if s.shard is None else s.shard.done(s.position)}
                               for s in self.slots]})

@@ -337,7 +337,7 @@ def run_map(
     min_records_for_rate: int = 1000,
     on_input_change: str | None = None,
     read_batch: int = READ_BATCH,
-    workers: int = 1,
+    workers: int | tuple[int, int] = 1,
     min_split: int | None = None,
     recipe: Any = None,
     allow_pickle: bool = False,
@@ -359,7 +359,11 @@ def run_map(
     rebuild source, function and sinks from ``recipe`` (set by ``@flow.map``)
     or, in a direct call with ``allow_pickle=True``, from a pickle of them
     (module-level functions, and a sink with ``supports_workers``: the file
-    sinks). See docs/data.md.
+    sinks). ``workers=(min, max)`` is elastic: it starts ``min`` sub-workers
+    (one per device group it was placed on, when it has devices), adds more
+    while shards wait and devices are free, retires idle ones, and gives back a
+    sub-worker's devices that a more urgent run was promised (partial
+    preemption), each change at a checkpoint barrier. See docs/data.md.
     Returns counters.
     """
     if on_input_change is None:
@@ -371,12 +375,17 @@ def run_map(
     dead = dead_letter if dead_letter is not None else default_dead_letter(home_dir(ctx), ctx.run_id,
                                                                            ctx.step)
     limits = Limits(max_failures, max_failure_rate, min_records_for_rate)
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers must be an int >= 1, not {workers!r}")
-    if workers > 1:
+    from ..errors import FlowError
+    from ..flow.model import worker_range
+
+    try:
+        low, high = worker_range(workers)
+    except FlowError as exc:
+        raise ValueError(str(exc).replace("flow.map: ", "")) from None
+    if high > 1:
         from .coordinator import ParallelMapRun
 
         return ParallelMapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch,
-                              workers=workers, min_split=min_split, recipe=recipe,
+                              workers=high, min_workers=low, min_split=min_split, recipe=recipe,
                               allow_pickle=allow_pickle).execute()
     return MapRun(ctx, source, op, sink, dead, limits, on_input_change, read_batch).execute()

@@ -33,7 +33,7 @@ class MapStep:
     dead_letter: Any = None
     max_failures: int | None = 1000
     max_failure_rate: float | None = 0.05
-    workers: int = 1
+    workers: int | tuple[int, int] = 1
     model: Any = None  # a segue.inference.ModelHandler
 
     def build(self, ctx: Any) -> tuple[Source, Operator, Sink, Sink | None]:
@@ -54,7 +54,7 @@ class MapStep:
 
         src, op, snk, dead = self.build(ctx)
         recipe = None
-        if self.workers > 1:
+        if self.workers != 1:
             # load_flow compiles the file under its resolved path: that is co_filename.
             path = os.path.abspath(self.fn.__code__.co_filename)
             recipe = Recipe(ctx.run_id, ctx.step, ctx.epoch, effective_read_batch(op, READ_BATCH),

@@ -29,11 +29,25 @@ class SubWorkerLost(DataError):
 
 
 class SubWorkerPool(ABC):
-    """N sub-workers addressed by index 0..N-1, each a FIFO message channel both ways."""
+    """Sub-workers addressed by index, each a FIFO message channel both ways.
+
+    Indexes are the step's sub-worker slots (0..max-1): an elastic step adds and
+    retires sub-workers while it runs, so the live ones need not be contiguous.
+    """
+
+    def start(self, n: int, recipe: Any) -> None:
+        """Start sub-workers 0..n-1 seeing the step's devices."""
+        for i in range(n):
+            self.add(i, recipe, None)
 
     @abstractmethod
-    def start(self, n: int, recipe: Any) -> None:
-        """Start ``n`` sub-workers; each rebuilds its source, function and sinks from ``recipe``."""
+    def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
+        """Start sub-worker ``index``; it rebuilds source, function and sinks from ``recipe``
+        and sees only ``devices`` (None or (): the step's own)."""
+
+    @abstractmethod
+    def leaving(self, index: int) -> None:
+        """Sub-worker ``index`` was told to exit (it retires): its end is not a loss."""
 
     @abstractmethod
     def send(self, index: int, message: tuple[Any, ...]) -> None:
@@ -47,6 +61,10 @@ class SubWorkerPool(ABC):
         """
 
     @abstractmethod
+    def remove(self, index: int) -> None:
+        """Forget sub-worker ``index``, stopping it if it still runs."""
+
+    @abstractmethod
     def stop(self) -> None:
         """Stop every sub-worker (politely, then by force); idempotent."""
 
@@ -55,25 +73,25 @@ class LocalProcessPool(SubWorkerPool):
     """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork)."""
 
     def __init__(self) -> None:
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
+        self._procs: dict[int, Any] = {}
+        self._conns: dict[int, Connection] = {}
+        self._leaving: set[int] = set()
 
-    def start(self, n: int, recipe: Any) -> None:
+    def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
         from .subworker import main
 
         mp = multiprocessing.get_context("spawn")
-        for i in range(n):
-            mine, theirs = mp.Pipe(duplex=True)
-            p = mp.Process(target=main, args=(theirs, os.getpid(), i, recipe),
-                           name=f"segue-subworker-{i}", daemon=True)
-            p.start()
-            theirs.close()  # so that the sub-worker's death reads as EOF here
-            self._procs.append(p)
-            self._conns.append(mine)
+        mine, theirs = mp.Pipe(duplex=True)
+        p = mp.Process(target=main, args=(theirs, os.getpid(), index, recipe, devices),
+                       name=f"segue-subworker-{index}", daemon=True)
+        p.start()
+        theirs.close()  # so that the sub-worker's death reads as EOF here
+        self._procs[index] = p
+        self._conns[index] = mine
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [p.pid for _, p in sorted(self._procs.items())]
 
     def _lost(self, i: int, why: str) -> SubWorkerLost:
         p = self._procs[i]
@@ -81,22 +99,28 @@ class LocalProcessPool(SubWorkerPool):
         return SubWorkerLost(f"sub-worker {i} (pid {p.pid}) {why} (exit code {p.exitcode}); "
                              f"the attempt is retried from the last checkpoint")
 
+    def leaving(self, index: int) -> None:
+        self._leaving.add(index)
+
     def send(self, index: int, message: tuple[Any, ...]) -> None:
         try:
             self._conns[index].send(message)
-        except (OSError, EOFError):
+        except (OSError, EOFError, KeyError):
             raise self._lost(index, "is gone") from None
 
     def recv(self, timeout: float) -> list[tuple[int, tuple[Any, ...]]]:
-        index = {id(c): i for i, c in enumerate(self._conns)}
+        index = {id(c): i for i, c in self._conns.items()}
         out: list[tuple[int, tuple[Any, ...]]] = []
-        for ready in wait(self._conns, timeout):
+        for ready in wait(list(self._conns.values()), timeout):
             c = cast(Connection, ready)  # wait() returns the connections it was given
             i = index[id(c)]
             while True:
                 try:
                     msg = c.recv()
                 except (OSError, EOFError):
+                    if i in self._leaving:
+                        self.remove(i)  # a retired sub-worker exited, as told
+                        break
                     raise self._lost(i, "exited") from None
                 if msg[0] == "error":
                     raise SubWorkerLost(f"sub-worker {i} failed: {msg[1]}")
@@ -105,17 +129,28 @@ class LocalProcessPool(SubWorkerPool):
                     break
         return out
 
+    def remove(self, index: int) -> None:
+        p, c = self._procs.pop(index, None), self._conns.pop(index, None)
+        self._leaving.discard(index)
+        if p is not None:
+            p.join(5.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        if c is not None:
+            c.close()
+
     def stop(self) -> None:
-        for c in self._conns:
+        for c in self._conns.values():
             try:
                 c.send(("stop",))
             except (OSError, EOFError):
                 pass
-        for p in self._procs:
+        for p in self._procs.values():
             p.join(2.0)
             if p.is_alive():
                 p.kill()
                 p.join(2.0)
-        for c in self._conns:
+        for c in self._conns.values():
             c.close()
-        self._procs, self._conns = [], []
+        self._procs, self._conns, self._leaving = {}, {}, set()

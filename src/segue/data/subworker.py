@@ -169,6 +169,8 @@ class _SubWorker:
             self.sink.publish()
             self.dead.publish()
             self.conn.send(("published",))
+            if reply[0] == "retire":  # committed and published: give the devices back
+                raise SystemExit(0)
             if reply[1] is not None:
                 self._assign(reply[1], reply[2])
                 return True
@@ -181,9 +183,15 @@ class _SubWorker:
         return False
 
 
-def main(conn: Connection, parent_pid: int, index: int, recipe: Recipe) -> None:
-    """Entry point of a local sub-worker process."""
+def main(conn: Connection, parent_pid: int, index: int, recipe: Recipe,
+         devices: tuple[int, ...] | None = None) -> None:
+    """Entry point of a local sub-worker process; it sees only ``devices`` (if any)."""
     _die_with_parent(parent_pid)
+    if devices:
+        # Before anything imports a framework: CUDA reads it once, at initialisation.
+        visible = ",".join(str(d) for d in devices)
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible
+        os.environ["SEGUE_DEVICES"] = visible
     worker = None
     try:
         worker = _SubWorker(conn, parent_pid, index, recipe)

@@ -75,13 +75,23 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def worker_range(workers: Any) -> tuple[int, int]:
+    """``workers=N`` or ``workers=(min, max)`` as (min, max); FlowError if neither."""
+    if _is_int(workers) and workers >= 1:
+        return (workers, workers)
+    if isinstance(workers, tuple | list) and len(workers) == 2 and all(_is_int(w) for w in workers) \
+            and 1 <= workers[0] <= workers[1]:
+        return (int(workers[0]), int(workers[1]))
+    raise FlowError(f"flow.map: workers must be an int >= 1 or a pair (min, max) with "
+                    f"1 <= min <= max, not {workers!r}")
+
+
 def _check_map_options(*, source: Any, sink: Any, batch_size: Any, batch_bytes: Any,
                        max_failures: Any, max_failure_rate: Any, workers: Any) -> None:
     """Refuse a bad ``@flow.map`` declaration when the flow loads, not when the step runs."""
     if source is None or sink is None:
         raise FlowError("flow.map needs a source= and a sink= (segue.data objects or functions of ctx)")
-    if not _is_int(workers) or workers < 1:
-        raise FlowError(f"flow.map: workers must be an int >= 1, not {workers!r}")
+    worker_range(workers)
     for what, v in (("batch_size", batch_size), ("batch_bytes", batch_bytes)):
         if v is not None and (not _is_int(v) or v < 1):
             raise FlowError(f"flow.map: {what} must be an int >= 1 or None, not {v!r}")
@@ -129,6 +139,9 @@ class Resources:
     memory: int | None = None  # bytes
     gpu_memory: int | None = None  # bytes used on each GPU; declared: the GPU may be shared
     accelerator: str | None = None  # a device type hint, e.g. "h100" or "rtx-pro-6000"
+    # A map step's sub-workers (fewest, most); gpus and gpu_memory are per sub-worker.
+    # (n, n): a fixed number; min < max: elastic (see docs/data.md).
+    workers: tuple[int, int] = (1, 1)
 
 
 @dataclass(frozen=True)
@@ -263,7 +276,7 @@ class Flow:
         dead_letter: Any = None,
         max_failures: int | None = 1000,
         max_failure_rate: float | None = 0.05,
-        workers: int = 1,
+        workers: int | tuple[int, int] = 1,
         model: Any = None,
         **step_options: Any,
     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -272,7 +285,12 @@ class Flow:
         ``source`` and ``sink`` are segue.data objects, or functions of the step
         context that build them (so they can use ``ctx.params``). ``kind`` is
         map, filter, flat_map or map_batches. ``workers`` > 1 runs the step over
-        that many local sub-worker processes (see docs/data.md). Other keywords
+        that many local sub-worker processes (see docs/data.md); ``workers=(min,
+        max)`` is elastic: it starts with ``min``, grows while there is a backlog
+        and free devices, shrinks when sub-workers run dry, and gives up spare
+        sub-workers' devices to a more urgent run instead of pausing (partial
+        preemption). ``gpus`` and ``gpu_memory`` are per sub-worker, and each
+        sub-worker sees only its own devices. Other keywords
         are those of :meth:`step` (after, retries, checkpoint_every...). The
         step's output is the run's counters. See docs/data.md.
 
@@ -305,6 +323,10 @@ class Flow:
 
             data_step.segue_map = decl  # type: ignore[attr-defined]  # sub-workers rebuild from it
             self.step(data_step, **step_options)
+            name = data_step.__name__
+            spec = self.steps[name]
+            self.steps[name] = dataclasses.replace(
+                spec, resources=dataclasses.replace(spec.resources, workers=worker_range(workers)))
             if model is not None:
                 name = data_step.__name__
                 self.steps[name] = dataclasses.replace(self.steps[name], model=model.identity())

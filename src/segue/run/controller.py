@@ -494,8 +494,11 @@ class Controller:
         handle = self.executor.launch(Launch(
             home=self.home.root, run_id=self.run_id, step=step, epoch=rec.epoch,
             log_path=attempt_log_path(self.home, self.run_id, step, rec.epoch),  # `segue logs`
-            # A task sees exactly its own devices (none for a CPU step).
-            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices},
+            # A task sees exactly its own devices (none for a CPU step); an elastic map
+            # step also finds its allocation in the pool (segue.data.elastic).
+            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices,
+                 "SEGUE_POOL": str(self.sched.pool.path), "SEGUE_POOL_HOME": self.sched.home,
+                 "SEGUE_HOST": self.sched.host},
         ))
         self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())
         if handle.pid is not None:

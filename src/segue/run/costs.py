@@ -111,6 +111,10 @@ def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
         "checkpoint_bytes": sum(c.nbytes for c in cks),
         "checkpoint_bytes_stored": stored_bytes,
         "preemptions": int(stats.get("preemptions", 0)),
+        # Elastic map steps: devices given to a more urgent run without pausing, and resizes.
+        "partial_preemptions": int(stats.get("preemptions_partial", 0)),
+        "scale_ups": int(stats.get("scale_ups", 0)),
+        "scale_downs": int(stats.get("scale_downs", 0)),
         # Models loaded by inference steps; a reload is a load in an attempt after the first.
         "model_loads": int(stats.get("model_loads", 0)),
         "model_load_seconds": round(stats.get("model_load_s", 0.0), 3),

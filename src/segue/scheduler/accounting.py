@@ -44,6 +44,21 @@ def rates_of(alloc: AllocationRecord | None, host: HostPool | None) -> Rates:
     return out
 
 
+def mean_rates(history: list[AllocationRecord], host: HostPool | None, end: float) -> Rates:
+    """What a resized allocation held on average over its rows (oldest first): each
+    row's rates weighted by how long it lasted, so device-seconds add up."""
+    if not history:
+        return {}
+    total = max(1e-9, end - history[0].since)
+    out: Rates = {}
+    for row in history:
+        until = row.released_at if row.released_at is not None else end
+        w = max(0.0, min(until, end) - row.since) / total
+        for k, n in rates_of(row, host).items():
+            out[k] = out.get(k, 0.0) + n * w
+    return out
+
+
 def gpus_of(rates: Mapping[str, float]) -> float:
     return sum(n for k, n in rates.items() if k != CPU)
 

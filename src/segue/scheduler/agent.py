@@ -24,7 +24,7 @@ from ..states import Actor, RunState, TaskState
 from ..store.base import TaskRecord
 from ..store.hostpool import kinds, never_fits, shared_part
 from ..store.pool import Allocated, Denied, HostPoolStore, Placement
-from .accounting import attempt_deltas, rates_of
+from .accounting import attempt_deltas, mean_rates, rates_of
 from .devices import ensure_host
 from .policy import (
     Device,
@@ -65,6 +65,8 @@ class RunScheduler:
     spawn: Callable[[str, str], object] | None = None  # starts a detached controller (home, run)
     # (home, run) -> the preemption request posted to it
     victims: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (home, run) -> (devices promised by a partial preemption, when asked)
+    _partial: dict[tuple[str, str], tuple[set[int], float]] = field(default_factory=dict)
     unsatisfiable: str | None = None  # set when a step can never fit on this host
     _announced: dict[str, float] = field(default_factory=dict)
     _reasons: dict[str, str] = field(default_factory=dict)
@@ -167,11 +169,25 @@ class RunScheduler:
 
     def _victims_parked(self) -> bool:
         """Have the victims let go of their devices? Forget them if one refused."""
-        holding = {(a.home, a.run_id) for a in self.pool.list_allocations(self.host)}
+        allocs = self.pool.list_allocations(self.host)
+        holding = {(a.home, a.run_id) for a in allocs}
         waiting = False
         for victim, req_id in self.victims.items():
             if victim not in holding:
                 continue
+            promised = self._partial.get(victim)
+            if promised is not None:
+                devices, since = promised
+                still = {d for a in allocs if (a.home, a.run_id) == victim for d in a.devices}
+                if not devices & still:
+                    continue  # given back; the rest of that run keeps its devices
+                if time.monotonic() - since > max(self.lease_ttl_s, MIN_PREEMPT_TTL_S) * 2:
+                    # It never gave them back (its step cannot shrink now): choose again;
+                    # promised devices are no spare candidates, so the run pauses whole.
+                    log.info("partial preemption of %s not honoured; choosing again", victim)
+                    self.victims.clear()
+                    self._partial.clear()
+                    return True
             req = self.pool.preemption(req_id)
             if req is None or req.outcome is not None and req.outcome != "accepted" or (
                     req.outcome is None and req.lease_until <= time.time()):
@@ -180,8 +196,11 @@ class RunScheduler:
                 log.info("preemption of %s not accepted (%s); choosing again", victim,
                          req.outcome if req else "gone")
                 self.victims.clear()
+                self._partial.clear()
                 return True
             waiting = True
+        if not waiting:
+            self._partial.clear()
         return not waiting
 
     def holders(self) -> list[Holder]:
@@ -210,6 +229,17 @@ class RunScheduler:
                 work_lost_s=lost, preemptions=max(a.preemptions for a in allocs),
                 steps=tuple(a.step for a in allocs),
             ))
+            # An elastic step's spare sub-workers: their devices go back at its next
+            # barrier while the run keeps running (nothing is lost).
+            for a in allocs:
+                for group in a.surplus_groups():
+                    out.append(Holder(
+                        run_id=rid, home=home, priority=a.priority, preemptible=a.preemptible,
+                        devices=tuple(Device(i, mem.get(i, 0), kind=kind.get(i, ""))
+                                      for i in group if a.gpu_memory is None),
+                        shares=tuple((i, a.gpu_memory) for i in group if a.gpu_memory is not None),
+                        cpus=0.0, memory=0, work_lost_s=0.0, preemptions=a.preemptions,
+                        steps=(a.step,), partial=a.step))
         return out
 
     def _maybe_preempt(self, step: str, need: Need, prio: int) -> None:
@@ -220,24 +250,46 @@ class RunScheduler:
         if not victims:
             return
         t = time.time()
+        seen: set[tuple[str, str]] = set()
         here = "" if not victims or all(v.home == self.home for v in victims) \
             else f" of home {self.home}"
+        partial: dict[tuple[str, str], list[int]] = {}
         for v in victims:
+            if v.partial is not None:
+                partial.setdefault(v.run, []).extend(
+                    [d.index for d in v.devices] + [i for i, _ in v.shares])
+        for v in victims:
+            if v.partial is not None and v.run in self.victims:
+                continue  # one request per run names all its devices
+            devices = partial.get(v.run) if v.partial is not None else None
+            what = f"devices {devices} of step {v.partial!r} (its other sub-workers keep " \
+                   f"running)" if devices is not None else need.describe()
             req = self.pool.request_preemption(
                 v.home, v.run_id, by_home=self.home, by_run=self.run_id,
                 reason=f"preempted by run {self.run_id!r} ({priority_name(prio)}){here} to free "
-                       f"{need.describe()} for step {step!r}",
-                ttl_s=max(self.lease_ttl_s, MIN_PREEMPT_TTL_S))
-            self.victims[(v.home, v.run_id)] = req.id
+                       f"{what} for step {step!r}",
+                ttl_s=max(self.lease_ttl_s, MIN_PREEMPT_TTL_S), devices=devices)
+            self.victims[v.run] = req.id
+            if devices is not None:
+                self._partial[v.run] = (set(devices), time.monotonic())
         self._preempt_t0 = t
-        why = "; ".join(
-            f"{self._label(v.home, v.run_id)} ({priority_name(v.priority)}, {v.work_lost_s:.1f}s "
-            f"since its last checkpoint, preempted {v.preemptions}x before)" for v in victims
-        )
+        said: list[str] = []
+        for v in victims:
+            if v.partial is None:
+                said.append(f"{self._label(v.home, v.run_id)} ({priority_name(v.priority)}, "
+                            f"{v.work_lost_s:.1f}s since its last checkpoint, preempted "
+                            f"{v.preemptions}x before)")
+            elif v.run not in seen:
+                seen.add(v.run)
+                said.append(f"devices {partial[v.run]} of {self._label(v.home, v.run_id)} step "
+                            f"{v.partial!r} ({priority_name(v.priority)}; partial: it keeps running)")
+        why = "; ".join(said)
         self.store.append_event(
             self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
-            reason=f"preempting {why}: lowest priority first, then least work lost, then least preempted",
-            data={"victims": [v.run_id for v in victims], "homes": [v.home for v in victims],
+            reason=f"preempting {why}: lowest priority first, spare sub-workers before whole runs, "
+                   f"then least work lost, then least preempted",
+            data={"victims": list(dict.fromkeys(v.run_id for v in victims)),
+                  "homes": list(dict.fromkeys(v.home for v in victims)),
                   "need": need.describe()},
         )
 
@@ -271,6 +323,9 @@ class RunScheduler:
         changed = False
         for r in reqs:
             run = self.store.get_run(self.run_id)
+            if r.devices is not None and run.state == RunState.RUNNING:
+                self._give_back(r)
+                continue
             if run.state == RunState.PAUSING:
                 self.pool.answer_preemption(r.id, "accepted")  # already parking: the devices free
                 continue
@@ -293,6 +348,21 @@ class RunScheduler:
             changed = True
         return changed
 
+    def _give_back(self, r: Any) -> None:
+        """A partial preemption: promise the devices; the step's coordinator stops the
+        sub-workers on them at its next barrier and shrinks the allocation."""
+        devices = list(r.devices or ())
+        if not self.pool.revoke(self.home, self.run_id, devices):
+            self.pool.answer_preemption(r.id, "refused: no elastic step of the run holds "
+                                              f"devices {devices} now")
+            return
+        self.store.append_event(
+            self.run_id, "scheduler", actor=Actor.SCHEDULER,
+            reason=f"giving back devices {devices}: {r.reason}; the run keeps running on the rest",
+            data={"devices": devices, "by_run": r.by_run, "partial": True})
+        self.store.add_stats(self.run_id, {"preemptions_partial": 1})
+        self.pool.answer_preemption(r.id, "accepted")
+
     def close(self) -> None:
         """The controller stops: nothing of this run waits any more."""
         self.pool.drop_requests(self.home, self.run_id)
@@ -311,7 +381,12 @@ class RunScheduler:
         if outcome == "killed":
             cks = [c for c in self.store.list_checkpoints(self.run_id, step) if c.epoch == epoch]
             lost = max(0.0, end - (cks[0].created_at if cks else started_wall))
-        rates = rates_of(alloc, self.pool.get_host(alloc.host) if alloc else None)
+        host = self.pool.get_host(alloc.host) if alloc else None
+        if alloc is not None and alloc.parent is not None:
+            # Resized while it ran (an elastic step): what it held on average.
+            rates = mean_rates(self.pool.allocation_history(alloc.id), host, end)
+        else:
+            rates = rates_of(alloc, host)
         add, put = attempt_deltas(self.store.get_stats(self.run_id), step, epoch, rates, dur=dur,
                                   lost=lost, interrupted=outcome in ("killed", "parked"))
         # Set before add: a crash in between loses a credit rather than counting it twice.

@@ -153,6 +153,9 @@ class Need:
     cpus: float = 0.0
     memory: int = 0
     accelerator: str | None = None  # a device type key (canonical_accelerator)
+    # An elastic map step (``workers=(min, max)``): each sub-worker uses this many of
+    # the devices; ``gpus`` is what its ``min`` sub-workers need. 0: not elastic.
+    per_worker: int = 0
 
     @property
     def shares(self) -> bool:
@@ -274,14 +277,24 @@ class Holder:
     steps: tuple[str, ...] = field(default=())
     home: str = ""  # the segue home the run belongs to (the pool is shared by every home)
     shares: tuple[tuple[int, int], ...] = field(default=())  # (device, bytes) it shares
+    # A partial candidate: one sub-worker's devices of this elastic step, which the run
+    # gives back at its next checkpoint barrier while it keeps running. None: the
+    # candidate is the whole run (it pauses).
+    partial: str | None = None
 
-    def key(self) -> tuple[int, float, int, str]:
-        return (self.priority, self.work_lost_s, self.preemptions, self.run_id)
+    def key(self) -> tuple[int, int, float, int, str]:
+        # Same priority: give up a sub-worker's devices before pausing a whole run.
+        return (self.priority, 0 if self.partial else 1, self.work_lost_s, self.preemptions,
+                self.run_id)
+
+    @property
+    def run(self) -> tuple[str, str]:
+        return (self.home, self.run_id)
 
 
 def _freed(free: Capacity, victims: Iterable[Holder]) -> Capacity:
     cap = free
-    for h in victims:
+    for h in _whole_first(list(victims)):
         cap = cap.plus(h.devices, h.cpus, h.memory, h.shares)
     return cap
 
@@ -308,7 +321,10 @@ def choose_victims(
     """Runs to pause so that ``need`` fits: [] if it fits already, None if impossible.
 
     Candidates are preemptible runs of strictly lower priority, taken in order
-    of lowest priority, then least work lost, then least preempted so far.
+    of lowest priority, then least work lost, then least preempted so far. An
+    elastic map step's spare sub-workers are candidates too (``partial``): at
+    the same priority, giving up some of a run's devices comes before pausing
+    any run, and the set kept pauses as few runs as it can.
     Victims that turn out unnecessary are dropped again (latest first).
 
     Memory is freed per device: a sharer's release gives back its bytes, not
@@ -325,15 +341,23 @@ def choose_victims(
     if need.gpus == 1:
         for index in sorted({i for h in candidates for i in _touched(h)}):
             options.append(_greedy(need, free, [h for h in candidates if index in _touched(h)]))
-    found = [o for o in options if o is not None]
+    found = [_whole_first(o) for o in options if o is not None]
     if not found:
         return None
 
-    def rank(vs: list[Holder]) -> tuple[int, int, float, int, list[str]]:
-        return (max(v.priority for v in vs), len(vs), sum(v.work_lost_s for v in vs),
-                sum(v.preemptions for v in vs), sorted(v.run_id for v in vs))
+    def rank(vs: list[Holder]) -> tuple[int, int, int, float, int, list[str]]:
+        paused = [v for v in vs if v.partial is None]
+        return (max(v.priority for v in vs), len(paused), len(vs),
+                sum(v.work_lost_s for v in paused), sum(v.preemptions for v in paused),
+                sorted(v.run_id for v in vs))
 
     return min(found, key=rank)
+
+
+def _whole_first(victims: list[Holder]) -> list[Holder]:
+    """A run paused whole gives everything back: drop its partial candidates."""
+    paused = {v.run for v in victims if v.partial is None}
+    return [v for v in victims if v.partial is None or v.run not in paused]
 
 
 def _touched(h: Holder) -> set[int]:
@@ -346,6 +370,10 @@ def step_need(steps: Mapping[str, StepSpec], step: str, gpus_override: int = -1,
 
     ``--gpus N`` applies to the steps that declare GPUs, or to every step when
     none does (a flow written without GPUs run on N devices).
+
+    A map step with sub-workers (``workers=N`` or ``(min, max)``) asks for
+    ``gpus`` per sub-worker: N of them, or ``min`` of them for an elastic step,
+    which grows later by itself (``Need.per_worker``).
     """
     r = steps[step].resources
     gpus = r.gpus
@@ -354,5 +382,8 @@ def step_need(steps: Mapping[str, StepSpec], step: str, gpus_override: int = -1,
         gpus = gpus_override
     mem = gpu_memory_override or r.gpu_memory
     hint = r.accelerator
-    return Need(gpus=gpus, gpu_memory=mem if gpus else None, cpus=r.cpus, memory=r.memory or 0,
-                accelerator=canonical_accelerator(hint) if gpus and hint else None)
+    low, high = r.workers
+    return Need(gpus=gpus * low, gpu_memory=mem if gpus else None, cpus=r.cpus,
+                memory=r.memory or 0,
+                accelerator=canonical_accelerator(hint) if gpus and hint else None,
+                per_worker=gpus if gpus and high > low else 0)

@@ -111,11 +111,24 @@ class ResumeBody(_Body):
 _Bytes = Annotated[int, Field(ge=0, le=2**63 - 1)]
 
 
+_GpuType = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")]
+
+
+class GpuGroup(_Body):
+    """More devices after the first ``gpus``: ``count`` of ``memory`` each, of ``type``."""
+
+    count: int = Field(ge=0, le=1024)
+    memory: _Bytes | str
+    type: _GpuType | None = None
+
+
 class PoolBody(_Body):
     gpus: int = Field(ge=0, le=1024)
     gpu_memory: _Bytes | str = "80GB"
     cpus: float | None = Field(default=None, gt=0, allow_inf_nan=False)  # inf would be stored, then unservable
     memory: _Bytes | str | None = None
+    gpu_type: _GpuType | None = None  # for steps with an accelerator= hint, e.g. "rtx-pro-6000"
+    groups: list[GpuGroup] = Field(default_factory=list, max_length=16)
 
 
 class TokenBody(_Body):
@@ -268,8 +281,9 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
 
     @app.put("/api/pool")
     def set_pool(body: PoolBody, p: Principal = admin) -> JSONResponse:
-        view = client_for(p).configure_pool(gpus=body.gpus, gpu_memory=body.gpu_memory, cpus=body.cpus,
-                                            memory=body.memory)
+        view = client_for(p).configure_pool(
+            gpus=body.gpus, gpu_memory=body.gpu_memory, cpus=body.cpus, memory=body.memory,
+            gpu_type=body.gpu_type, groups=[(g.count, g.memory, g.type) for g in body.groups])
         return JSONResponse(view.to_json())
 
     @app.get("/api/pool/changes")

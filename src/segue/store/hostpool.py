@@ -37,6 +37,7 @@ from ..scheduler.policy import (
     wait_reason,
 )
 from .base import Clock, now
+from .hostpool_elastic import ElasticPoolMixin
 from .pool import (
     Allocated,
     AllocationRecord,
@@ -93,10 +94,22 @@ _SCHEMA_V3 = (
     "ALTER TABLE allocations ADD COLUMN gpu_memory INTEGER",
     "ALTER TABLE requests ADD COLUMN accelerator TEXT",
 )
+# Version 4: elastic map steps. An allocation may be resized (partial preemption,
+# autoscaling): it records its sub-workers' device group size, the fewest devices it
+# keeps, the devices promised to a preemptor and the row it resized; a preemption
+# request may name devices (partial) instead of the whole run.
+_SCHEMA_V4 = (
+    "ALTER TABLE allocations ADD COLUMN per_worker INTEGER",
+    "ALTER TABLE allocations ADD COLUMN min_gpus INTEGER",
+    "ALTER TABLE allocations ADD COLUMN revoke TEXT",
+    "ALTER TABLE allocations ADD COLUMN parent INTEGER",
+    "ALTER TABLE allocations ADD COLUMN accelerator TEXT",
+    "ALTER TABLE preemptions ADD COLUMN devices TEXT",
+)
 # (version a database has once applied, statements): schemas are frozen once shipped;
 # a change is a new step, applied to older files when they are opened.
 _STEPS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (1, _SCHEMA), (2, _SCHEMA_V2), (3, _SCHEMA_V3))
+    (1, _SCHEMA), (2, _SCHEMA_V2), (3, _SCHEMA_V3), (4, _SCHEMA_V4))
 VERSION = _STEPS[-1][0]
 
 
@@ -121,7 +134,7 @@ def open_pool(path: str | Path | None = None) -> SQLiteHostPool:
     return SQLiteHostPool(p)
 
 
-class SQLiteHostPool(PerThreadConnection, HostPoolStore):
+class SQLiteHostPool(ElasticPoolMixin, PerThreadConnection, HostPoolStore):
     """The host pool in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
@@ -286,11 +299,13 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
                                   f"waiting since {r.submitted_at:.3f})")
             cur = conn.execute(
                 "INSERT INTO allocations (host, home, run_id, step, epoch, devices, cpus, memory,"
-                " priority, preemptible, since, lease_until, gpu_memory)"
-                " VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " priority, preemptible, since, lease_until, gpu_memory, per_worker, min_gpus,"
+                " accelerator) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (host, home, run_id, step, json.dumps(devs), float(need.cpus), int(need.memory),
                  int(priority), int(preemptible), t, t + ttl_s,
-                 need.gpu_memory if need.shares else None),
+                 need.gpu_memory if need.shares else None,
+                 need.per_worker or None, need.gpus if need.per_worker else None,
+                 need.accelerator),
             )
             conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
                          (home, run_id, step))
@@ -392,13 +407,15 @@ class SQLiteHostPool(PerThreadConnection, HostPoolStore):
 
     # -- preemption ------------------------------------------------------------
     def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
-                           reason: str, ttl_s: float) -> PreemptionRequest:
+                           reason: str, ttl_s: float,
+                           devices: Sequence[int] | None = None) -> PreemptionRequest:
         with self._write() as conn:
             t = self._clock()
             cur = conn.execute(
                 "INSERT INTO preemptions (home, run_id, by_home, by_run, reason, created_at,"
-                " lease_until) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (home, run_id, by_home, by_run, reason, t, t + ttl_s))
+                " lease_until, devices) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (home, run_id, by_home, by_run, reason, t, t + ttl_s,
+                 None if devices is None else json.dumps(sorted(int(d) for d in devices))))
             row = conn.execute("SELECT * FROM preemptions WHERE id = ?", (cur.lastrowid,)).fetchone()
             return _preemption(row)
 
@@ -553,6 +570,9 @@ def _alloc(r: sqlite3.Row) -> AllocationRecord:
         memory=r["memory"], priority=r["priority"], preemptible=bool(r["preemptible"]),
         since=r["since"], lease_until=r["lease_until"], released_at=r["released_at"],
         ckpt_at=r["ckpt_at"], preemptions=r["preemptions"], gpu_memory=r["gpu_memory"],
+        per_worker=r["per_worker"], min_gpus=r["min_gpus"],
+        revoke=tuple(json.loads(r["revoke"])) if r["revoke"] else (), parent=r["parent"],
+        accelerator=r["accelerator"],
     )
 
 
@@ -576,4 +596,5 @@ def _preemption(r: sqlite3.Row) -> PreemptionRequest:
         id=r["id"], home=r["home"], run_id=r["run_id"], by_home=r["by_home"], by_run=r["by_run"],
         reason=r["reason"], created_at=r["created_at"], lease_until=r["lease_until"],
         outcome=r["outcome"],
+        devices=None if r["devices"] is None else tuple(json.loads(r["devices"])),
     )

@@ -65,9 +65,37 @@ class AllocationRecord:
     # Bytes it uses on each of its devices, which it shares with other such
     # allocations; None: it holds its devices whole (schema 3).
     gpu_memory: int | None = None
+    # Elastic map steps (schema 4): each sub-worker uses ``per_worker`` devices and the
+    # allocation may shrink to ``min_gpus`` devices without pausing the run (partial
+    # preemption) or grow; None: it gives its devices back only whole. ``revoke``: the
+    # devices a preemptor was promised, which the holder gives back at its next barrier.
+    # ``parent``: the row this one resized (each resize closes a row and opens one, so
+    # the history still shows every device's holders over time).
+    per_worker: int | None = None
+    min_gpus: int | None = None
+    revoke: tuple[int, ...] = ()
+    parent: int | None = None
+    accelerator: str | None = None
 
     def live(self, at: float) -> bool:
         return self.released_at is None and self.lease_until > at
+
+    @property
+    def elastic(self) -> bool:
+        return bool(self.per_worker) and self.min_gpus is not None
+
+    def surplus_groups(self) -> list[tuple[int, ...]]:
+        """The device groups (one per sub-worker) it may give up without pausing,
+        last first, leaving out devices already promised to a preemptor."""
+        if not self.elastic:
+            return []
+        g = int(self.per_worker or 0)
+        groups = [self.devices[k:k + g] for k in range(0, len(self.devices), g)]
+        revoked = set(self.revoke)
+        kept = [grp for grp in groups if not revoked.intersection(grp)]
+        may_go = len(kept) - max(1, -(-int(self.min_gpus or 0) // g))
+        spare = kept[len(kept) - may_go:] if may_go > 0 else []
+        return list(reversed(spare))
 
 
 @dataclass(frozen=True)
@@ -96,6 +124,9 @@ class PreemptionRequest:
     created_at: float
     lease_until: float
     outcome: str | None  # None while unhandled; "accepted" or "refused: ..."
+    # A partial preemption names the devices to give back (the run keeps running on
+    # the rest); None: pause the whole run (schema 4).
+    devices: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +163,8 @@ class Denied:
 
 class HostPoolStore(ABC):
     """The host-wide pool. Every method is one transaction."""
+
+    path: Any  # where it lives; a worker opens the same pool from it
 
     @abstractmethod
     def configure_host(
@@ -208,7 +241,10 @@ class HostPoolStore(ABC):
 
     @abstractmethod
     def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
-                           reason: str, ttl_s: float) -> PreemptionRequest: ...
+                           reason: str, ttl_s: float,
+                           devices: Sequence[int] | None = None) -> PreemptionRequest:
+        """Ask a victim's controller to pause its run, or with ``devices`` to give back
+        only those devices of an elastic step (partial preemption)."""
 
     @abstractmethod
     def pending_preemptions(self, home: str, run_id: str) -> list[PreemptionRequest]:
@@ -219,6 +255,34 @@ class HostPoolStore(ABC):
 
     @abstractmethod
     def answer_preemption(self, request_id: int, outcome: str) -> None: ...
+
+    # -- elastic steps (``workers=(min, max)``) ----------------------------------
+    @abstractmethod
+    def allocation(self, home: str, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
+        """The attempt's live allocation, or None."""
+
+    @abstractmethod
+    def grow(self, home: str, run_id: str, step: str, epoch: int, *, gpus: int,
+             max_gpus: int) -> tuple[int, ...]:
+        """Add up to ``gpus`` devices (whole sub-worker groups, at most ``max_gpus`` held in
+        all) to an elastic allocation; the devices added, () if none. Growth is
+        opportunistic: never while another run waits for devices on the host. Isolation
+        as :meth:`allocate`."""
+
+    @abstractmethod
+    def shrink(self, home: str, run_id: str, step: str, epoch: int,
+               devices: Sequence[int]) -> AllocationRecord | None:
+        """Give ``devices`` back (the holder's sub-workers on them have stopped); the
+        allocation now, or None if the attempt holds no live allocation."""
+
+    @abstractmethod
+    def revoke(self, home: str, run_id: str, devices: Sequence[int]) -> bool:
+        """Promise ``devices`` of the run's elastic allocation to a preemptor: the holder
+        sees them in ``revoke`` and shrinks at its next barrier. False if it holds none."""
+
+    @abstractmethod
+    def allocation_history(self, alloc_id: int) -> list[AllocationRecord]:
+        """The rows an allocation went through by resizing, oldest first, ending at it."""
 
     @abstractmethod
     def park(self, home: str, run_id: str) -> None:

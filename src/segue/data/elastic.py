@@ -1,0 +1,116 @@
+"""The devices of a parallel map step's sub-workers, and how many of them it may have.
+
+A map step with sub-workers gives each its own group of devices (``gpus`` per
+sub-worker; ``CUDA_VISIBLE_DEVICES`` is set in the sub-worker before anything
+imports a framework). An elastic step (``workers=(min, max)``) also changes
+size while it runs; :class:`Scaler` is the coordinator's handle on its
+allocation in the host pool:
+
+* ``revoked()``: devices promised to a more urgent run (a partial preemption
+  its controller accepted); the coordinator stops the sub-workers on them at a
+  checkpoint barrier, then ``shrink()`` gives them back;
+* ``grow()``: another sub-worker's devices when the pool has them free and no
+  other run waits for devices (growth is opportunistic).
+
+The controller tells the step's process where its pool is (``SEGUE_POOL``,
+``SEGUE_POOL_HOME``, ``SEGUE_HOST``) and which devices it was placed on
+(``SEGUE_DEVICES``, in the allocation's order). Without a pool (a direct
+``run_map`` call) a CPU step grows up to ``max`` with its backlog, and a step
+never shrinks below ``min``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+log = logging.getLogger("segue.data")
+
+POLL_S = 0.25  # how often the allocation is read for devices promised away
+GROW_BACKOFF_S = 1.0  # after the pool said no, wait this long before asking again
+
+Group = tuple[int, ...]
+
+
+def _devices_from_env() -> tuple[int, ...]:
+    raw = os.environ.get("SEGUE_DEVICES", "").strip()
+    return tuple(int(x) for x in raw.split(",") if x.strip()) if raw else ()
+
+
+class Scaler:
+    """Device groups of one attempt's sub-workers (see the module docstring)."""
+
+    def __init__(self, ctx: Any, low: int, high: int, *, devices: tuple[int, ...] | None = None,
+                 pool: Any = None, home: str | None = None, host: str | None = None) -> None:
+        self.ctx, self.low, self.high = ctx, low, high
+        devs = _devices_from_env() if devices is None else devices
+        self.per_worker = len(devs) // low if devs and len(devs) % low == 0 else 0
+        if devs and not self.per_worker:
+            # Devices that do not divide among the sub-workers: all of them see all.
+            log.warning("step %s: %d devices for %d sub-workers; every sub-worker sees all of them",
+                        getattr(ctx, "step", "?"), len(devs), low)
+        self._initial = devs
+        self.pool, self.home, self.host = pool, home, host
+        self._next_poll = 0.0
+        self._next_grow = 0.0
+
+    @classmethod
+    def for_attempt(cls, ctx: Any, low: int, high: int) -> Scaler:
+        pool = None
+        path, home = os.environ.get("SEGUE_POOL"), os.environ.get("SEGUE_POOL_HOME")
+        if high > low and path and home:
+            from ..store.hostpool import open_pool
+
+            try:
+                pool = open_pool(path)
+            except Exception as exc:  # noqa: BLE001 - without the pool the step keeps its size
+                log.warning("step %s cannot open the host pool %s (%s); it keeps %d sub-workers",
+                            getattr(ctx, "step", "?"), path, exc, low)
+        return cls(ctx, low, high, pool=pool, home=home, host=os.environ.get("SEGUE_HOST"))
+
+    @property
+    def elastic(self) -> bool:
+        return self.high > self.low
+
+    def initial_groups(self) -> list[Group | None]:
+        """One entry per sub-worker to start: its devices, or None to inherit the step's."""
+        if not self.per_worker:
+            return [None] * self.low
+        g = self.per_worker
+        return [self._initial[k:k + g] for k in range(0, len(self._initial), g)]
+
+    def _key(self) -> tuple[str, str, str, int]:
+        c = self.ctx
+        return (str(self.home), c.run_id, c.step, c.epoch)
+
+    def revoked(self) -> set[int]:
+        """Devices promised to a preemptor (read at most every POLL_S)."""
+        if self.pool is None or not self.per_worker:
+            return set()
+        now = time.monotonic()
+        if now < self._next_poll:
+            return set()
+        self._next_poll = now + POLL_S
+        a = self.pool.allocation(*self._key())
+        return set(a.revoke) if a is not None else set()
+
+    def grow(self) -> Group | None:
+        """Devices for one more sub-worker: () for a CPU step; None if there are none now."""
+        if not self.per_worker:
+            return () if not self._initial else None  # a CPU step grows with its backlog
+        if self.pool is None:
+            return None
+        now = time.monotonic()
+        if now < self._next_grow:
+            return None
+        got = self.pool.grow(*self._key(), gpus=self.per_worker, max_gpus=self.high * self.per_worker)
+        if not got:
+            self._next_grow = now + GROW_BACKOFF_S
+            return None
+        return tuple(got)
+
+    def shrink(self, devices: list[int]) -> None:
+        if self.pool is not None and devices:
+            self.pool.shrink(*self._key(), devices)
