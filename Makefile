@@ -33,6 +33,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	  else \
 	    echo "chromium is missing and this is not root with apt-get: install it (apt-get install -y chromium) or the browser test will be skipped"; \
 	  fi; }
+	# The PostgreSQL store's tests start a throwaway server (initdb on loopback); without
+	# the server binaries they skip with the reason.
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y postgresql; } \
+	      || echo "postgresql could not be installed: its store tests will be skipped"; \
+	  else \
+	    echo "PostgreSQL server binaries are missing and this is not root with apt-get: install postgresql or its store tests will be skipped"; \
+	  fi; }
 	touch $@
 
 install: $(VENV)/.installed

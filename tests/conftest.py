@@ -7,7 +7,7 @@ import os
 import shutil
 import signal
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,45 @@ def _test_pool(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 @pytest.fixture
 def segue(tmp_path: Path, _test_pool: Path) -> Segue:
     return Segue(tmp_path / "home")
+
+
+S3_MISSING = "S3 tests need moto's server and s3fs: pip install 'moto[server]' s3fs"
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A real S3 API server (moto's) on loopback for this session: its URL."""
+    import socket
+
+    try:
+        import s3fs  # noqa: F401
+        from moto.server import ThreadedMotoServer
+    except ImportError:
+        pytest.skip(S3_MISSING)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+def s3_bucket(endpoint: str) -> tuple[str, dict[str, str]]:
+    """A fresh bucket on ``endpoint``: its name, and the environment a segue process
+    needs to reach it (as a user would set for any S3-compatible server)."""
+    import uuid
+
+    import boto3
+
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
+    bucket = f"segue-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=bucket)
+    return bucket, env
 
 
 @pytest.fixture(scope="session")

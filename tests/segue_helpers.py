@@ -56,8 +56,9 @@ class Segue:
         from segue.home import Home
 
         home = Home.resolve(self.home)
-        ref = home.open_store().get_task(run_id, step).output_ref
-        return ckpt.load(home.storage(), ref).state["value"]
+        store = home.open_store()
+        ref = store.get_task(run_id, step).output_ref
+        return ckpt.load(home.run_storage(store.get_run(run_id)), ref).state["value"]
 
     def wait_state(self, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
         return wait_for(lambda: (d := self.status(run_id))["state"] in states and d, timeout,

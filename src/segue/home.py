@@ -3,7 +3,8 @@
 Layout::
 
     HOME/segue.db                      metadata store (SQLite, WAL)
-    HOME/data/runs/RUN/STEP/ckpt/SEQ-eEPOCH/   checkpoints (MANIFEST.json last)
+    HOME/data/runs/RUN/STEP/ckpt/SEQ-eEPOCH/   checkpoints (MANIFEST.json last); a run
+                                       started with --checkpoints URL keeps runs/... there
     HOME/data/runs/RUN/STEP/output-eEPOCH/     committed step outputs
     HOME/data/quarantine/...           checkpoints that failed verification
     HOME/logs/RUN/                     controller and worker logs
@@ -113,12 +114,32 @@ class Home:
         self.ensure()
         return open_store(self.root)
 
-    def storage(self):  # -> CheckpointStorage
+    def storage(self, url: str = ""):  # -> CheckpointStorage
+        """Checkpoint storage at ``url`` (a run's ``checkpoints`` option): the home's data
+        directory for "", an absolute path, or any fsspec URL (s3://bucket/prefix)."""
         from .checkpoint import LocalStorage
 
+        if url:
+            return storage_at(url)
         self.ensure()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         return LocalStorage(self.data_dir)
+
+    def run_storage(self, run):  # (RunRecord) -> CheckpointStorage
+        """Where ``run`` keeps its checkpoints and step outputs, on any host."""
+        return self.storage(str(run.options.get("checkpoints") or ""))
+
+
+def storage_at(url: str):  # -> CheckpointStorage
+    """Checkpoint storage at an absolute path, a file:// URL or any fsspec URL."""
+    from .checkpoint import FsspecStorage, LocalStorage
+
+    if url.startswith("file://"):
+        url = url[len("file://"):]
+    if "://" in url:
+        return FsspecStorage(url)
+    Path(url).mkdir(parents=True, exist_ok=True)
+    return LocalStorage(Path(url))
 
 
 def checkpoint_path(run_id: str, step: str, seq: int, epoch: int) -> str:

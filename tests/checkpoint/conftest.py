@@ -1,13 +1,13 @@
 """Shared fixtures for the checkpoint tests: storages to run the contract against.
 
 Every backend passes the same suite: the local directory, fsspec's in-memory
-filesystem, and S3 through s3fs against a real S3 API server (moto) that this
-file starts on loopback and stops at the end of the session.
+filesystem, and S3 through s3fs against a real S3 API server (moto) that
+tests/conftest.py starts on loopback (``s3_endpoint``) and stops at the end of
+the session.
 """
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,31 +17,6 @@ import pytest
 
 from segue import _faults
 from segue.checkpoint import CheckpointStorage, FsspecStorage, LocalStorage
-
-S3_MISSING = "s3 contract tests need moto's server and s3fs: pip install 'moto[server]' s3fs"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="session")
-def s3_endpoint() -> Iterator[str]:
-    try:
-        import s3fs  # noqa: F401
-        from moto.server import ThreadedMotoServer
-    except ImportError:
-        pytest.skip(S3_MISSING)
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.stop()
 
 
 def s3_storage(endpoint: str) -> FsspecStorage:

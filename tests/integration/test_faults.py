@@ -36,12 +36,24 @@ PHASES = [
 ]
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("fault", PHASES)
-def test_kill_at_each_commit_phase(segue: Segue, counter_ref: Any, fault: str) -> None:
+def test_kill_at_each_commit_phase(segue: Segue, counter_ref: Any, fault: str, where: str,
+                                   request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same kills with the run's checkpoints and outputs on a real S3 API server."""
     run = "phase"
     env = {"SEGUE_FAULTS": fault, "SEGUE_FAULTS_IN": "worker", "SEGUE_FAULTS_EPOCHS": "1",
            "SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
-    proc = segue("run", COUNTER, "--run-id", run, "-p", "n=150", "-p", "sleep=0.002", env=env)
+    extra: tuple[str, ...] = ()
+    if where == "s3":
+        from conftest import s3_bucket
+
+        bucket, aws = s3_bucket(request.getfixturevalue("s3_endpoint"))
+        env.update(aws)
+        for k, v in aws.items():
+            monkeypatch.setenv(k, v)  # this process reads the checkpoints below
+        extra = ("--checkpoints", f"s3://{bucket}/segue")
+    proc = segue("run", COUNTER, "--run-id", run, "-p", "n=150", "-p", "sleep=0.002", *extra, env=env)
     assert proc.returncode == 0, proc.stderr
     doc = segue.status(run)
     count = doc["steps"][0]
@@ -61,8 +73,14 @@ def test_kill_at_each_commit_phase(segue: Segue, counter_ref: Any, fault: str) -
     home = Home.resolve(segue.home)
     from segue import checkpoint as ckpt
 
-    for c in home.open_store().list_checkpoints(run, "count"):
-        ckpt.verify(home.storage(), c.path)
+    store = home.open_store()
+    storage = home.run_storage(store.get_run(run))
+    for c in store.list_checkpoints(run, "count"):
+        ckpt.verify(storage, c.path)
+    if where == "s3":
+        # Everything of the run is in the bucket; nothing went to the home's disk.
+        assert storage.listdir(f"runs/{run}/count/ckpt")
+        assert not (home.data_dir / "runs" / run).exists()
 
 
 def _largest_file(d: Path) -> Path:
@@ -70,46 +88,56 @@ def _largest_file(d: Path) -> Path:
     return max(files, key=lambda p: p.stat().st_size) if files else d / "MANIFEST.json"
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 @pytest.mark.parametrize("damage", ["flip", "truncate", "manifest"])
-def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any, damage: str,
-                                                  tmp_path: Path) -> None:
+def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any, damage: str, where: str,
+                                                  tmp_path: Path, request: pytest.FixtureRequest,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     run = "corrupt"
+    env, extra = {}, ()
+    if where == "s3":
+        from conftest import s3_bucket
+
+        bucket, env = s3_bucket(request.getfixturevalue("s3_endpoint"))
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)  # this process damages the objects below
+        extra = ("--checkpoints", f"s3://{bucket}/segue")
     # The hold keeps the run from finishing before the pause. The run is long (12 s of work)
     # so the pause lands well before the hold: checkpoints taken while held repeat one
     # state, share its blobs, and damaging one would damage them all.
     hold = tmp_path / "hold"
-    segue("run", COUNTER, "--run-id", run, "--detach", "-p", "n=3000", "-p", "sleep=0.004",
-          "-p", f"hold={hold}", check=True)
+    # On S3 every one of the step's many checkpoints (each 50 ms) is a few requests to the
+    # server, which slows the step down: a third of the work keeps it as long.
+    n = 3000 if where == "local" else 1000
+    segue("run", COUNTER, "--run-id", run, "--detach", "-p", f"n={n}", "-p", "sleep=0.004",
+          "-p", f"hold={hold}", *extra, env=env, check=True)
     wait_for(lambda: (c := segue.step(run, "count")["last_checkpoint"]) and c["seq"] >= 3, 30, "checkpoints")
-    assert segue("pause", run, "--wait").returncode == 0
+    assert segue("pause", run, "--wait", env=env).returncode == 0
     home = Home.resolve(segue.home)
     store = home.open_store()
+    storage = home.run_storage(store.get_run(run))
     newest = store.list_checkpoints(run, "count")[0]
-    ckdir = home.data_dir / newest.path
-    manifest = ckdir / "MANIFEST.json"
     if damage == "manifest":
-        target = manifest
-        data = bytearray(target.read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        target.write_bytes(bytes(data))
+        target = f"{newest.path}/MANIFEST.json"
     else:
         # The data may live in shared blobs; damage whatever this checkpoint references.
         from segue import checkpoint as ckpt
 
-        m = ckpt.read_manifest(home.storage(), newest.path)
-        rels = sorted(m.files, key=lambda k: -m.files[k].size)
-        rel = rels[0]
-        target = ckdir / rel if (ckdir / rel).exists() else home.data_dir / rel
-        data = bytearray(target.read_bytes())
-        if damage == "flip":
-            data[len(data) // 2] ^= 0x01
-        else:
-            data = data[: len(data) // 2]
-        target.write_bytes(bytes(data))
+        m = ckpt.read_manifest(storage, newest.path)
+        rel = sorted(m.files, key=lambda k: -m.files[k].size)[0]
+        target = f"{newest.path}/{rel}" if storage.exists(f"{newest.path}/{rel}") else rel
+    data = bytearray(storage.read_bytes(target))
+    if damage == "truncate":
+        data = data[: len(data) // 2]
+    else:
+        data[len(data) // 2] ^= 0xFF if damage == "manifest" else 0x01
+    with storage.open_write(target) as f:  # a rotten object in place of the good one
+        f.write(bytes(data))
+    assert storage.read_bytes(target) == bytes(data)  # the damage is there
     hold.write_text("go")
-    proc = segue("resume", run)
+    proc = segue("resume", run, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    ref = counter_ref(3000)
+    ref = counter_ref(n)
     assert segue.output(run, "count")["acc"] == ref["count"]["acc"]
     warnings = [e for e in segue.events(run) if e["kind"] == "warning"]
     assert len(warnings) == 1 and "failed verification" in warnings[0]["reason"]
@@ -117,7 +145,7 @@ def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any
     statuses = {c.seq: c.status for c in store.list_checkpoints(run, "count",
                                                                  statuses=("committed", "quarantined"))}
     assert statuses[newest.seq] == "quarantined"
-    assert list((home.data_dir / "quarantine").iterdir())
+    assert storage.listdir("quarantine")
 
 
 def test_every_checkpoint_corrupt_refuses_fresh_start(segue: Segue, tmp_path: Path) -> None:

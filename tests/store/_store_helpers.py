@@ -8,6 +8,7 @@ from segue.states import Actor
 from segue.store import NewRun, RunRecord, Store
 
 STEPS = ("load", "train", "eval")
+BACKENDS = ["sqlite", "postgres"]  # every backend the contract tests run against
 
 
 def new_run(run_id: str = "r1") -> NewRun:
@@ -43,3 +44,11 @@ def snapshot(store: Store, run_id: str = "r1") -> tuple:
 def refusals(store: Store, run_id: str = "r1") -> list:
     """The ``fenced`` events: one per write refused to a superseded epoch."""
     return [e for e in store.list_events(run_id) if e.kind == "fenced"]
+
+
+def open_target(target: str) -> Store:
+    """The store at ``target``: a PostgreSQL URL or an SQLite file's path."""
+    from segue.store import SQLiteStore
+    from segue.store.postgres import PostgresStore, is_postgres_url
+
+    return PostgresStore(target) if is_postgres_url(target) else SQLiteStore(target)

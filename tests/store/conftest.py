@@ -1,25 +1,86 @@
 """Fixtures of the store tests. Everything that knows about a particular backend
-lives in the ``store`` fixture; the tests themselves only see the Store ABC."""
+lives here; the tests themselves only see the Store ABC (and, for the tests that
+start other processes, a *target*: the SQLite file's path or the database URL).
+
+PostgreSQL runs on a throwaway server, one per pytest worker process, started
+on first use; every test gets a fresh database. Without the server binaries or
+psycopg, the postgres cases skip and say why; they never pass silently.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
+import pgserver
 import pytest
+from _store_helpers import open_target
 
-from segue.store import SQLiteStore, Store
+from segue.store import Store
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pgserver.PgServer | str]:
+    """The worker's server, or the reason it cannot run (the tests skip with it)."""
+    reason = pgserver.skip_reason()
+    try:
+        import psycopg_pool  # noqa: F401 - PostgresStore needs it; other server users do not
+    except ImportError:
+        reason = reason or "psycopg_pool is not installed; pip install 'segue[postgres]'"
+    if reason is not None:
+        yield reason
+        return
+    try:
+        server = pgserver.PgServer.start()
+    except (RuntimeError, OSError) as e:
+        yield f"cannot start a throwaway PostgreSQL server: {e}"
+        return
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture
-def store(request: pytest.FixtureRequest, tmp_path) -> Iterator[Store]:
-    """A fresh, empty store of the backend named by the (indirect) parameter."""
-    backend = getattr(request, "param", "sqlite")
-    if backend == "sqlite":
-        s: Store = SQLiteStore(tmp_path / "segue.db")
-    else:
-        # A "postgres" entry would build its store here, or skip saying which
-        # server setting is missing; it must never pass silently.
+def new_target(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], str]]:
+    """``new_target(backend)``: the target of a fresh, empty store of that backend.
+    Databases made here are dropped after the test."""
+    made: list[str] = []
+    server: pgserver.PgServer | None = None
+
+    def new(backend: str) -> str:
+        nonlocal server
+        if backend == "sqlite":
+            path = tmp_path / f"db{len(made)}" / "segue.db"
+            path.parent.mkdir()
+            made.append(str(path))
+            return str(path)
+        if backend == "postgres":
+            pg = request.getfixturevalue("pg_server")
+            if isinstance(pg, str):
+                pytest.skip(pg)
+            server = pg
+            made.append(pg.create_database())
+            return made[-1]
         raise ValueError(f"unknown store backend {backend!r}")
+
+    yield new
+    if server is not None:
+        for t in made:
+            if t.startswith("postgresql://"):
+                server.drop_database(t)
+
+
+@pytest.fixture
+def target(request: pytest.FixtureRequest, new_target: Callable[[str], str]) -> str:
+    """The target of a fresh store of the backend named by the (indirect) parameter."""
+    return new_target(getattr(request, "param", "sqlite"))
+
+
+@pytest.fixture
+def store(request: pytest.FixtureRequest, new_target: Callable[[str], str]) -> Iterator[Store]:
+    """A fresh, empty store of the backend named by the (indirect) parameter."""
+    s = open_target(new_target(getattr(request, "param", "sqlite")))
     try:
         yield s
     finally:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
-from _store_helpers import STEPS, make_run, new_run, refusals, snapshot
+from _store_helpers import BACKENDS, STEPS, make_run, new_run, refusals, snapshot
 
 from segue.errors import (
     ControllerConflictError,
@@ -18,8 +19,6 @@ from segue.errors import (
 from segue.states import Actor, RunState, TaskState
 from segue.store import Heartbeat, Store
 
-# Add "postgres" here once the fixture in conftest.py can build one.
-BACKENDS = ["sqlite"]
 pytestmark = pytest.mark.parametrize("store", BACKENDS, indirect=True)
 
 R, T = RunState, TaskState
@@ -102,6 +101,33 @@ def test_list_runs_newest_first(store: Store) -> None:
     for rid in ("a", "c", "b"):
         make_run(store, rid)
     assert [r.run_id for r in store.list_runs()] == ["b", "c", "a"]
+
+
+def test_list_runs_filters_and_pages_and_counts(store: Store) -> None:
+    for rid, flow in (("a", "demo"), ("b", "other"), ("c", "demo"), ("d", "demo")):
+        store.create_run(replace(new_run(rid), flow_name=flow), STEPS, actor=Actor.CLI)
+    store.transition_run("c", R.RUNNING, actor=Actor.CLI, reason="go")
+
+    def ids(**kw) -> list[str]:
+        return [r.run_id for r in store.list_runs(**kw)]
+
+    assert ids(states={R.PENDING}) == ["d", "b", "a"]
+    assert ids(states=[]) == []
+    assert ids(flow="demo") == ["d", "c", "a"]
+    assert ids(states={R.PENDING}, flow="demo") == ["d", "a"]
+    assert ids(limit=2) == ["d", "c"] and ids(limit=2, offset=2) == ["b", "a"]
+    assert ids(offset=3) == ["a"] and ids(limit=0) == []
+    assert store.run_counts() == {(R.PENDING, "demo"): 2, (R.PENDING, "other"): 1,
+                                  (R.RUNNING, "demo"): 1}
+
+
+def test_events_by_kind(store: Store) -> None:
+    make_run(store)
+    store.append_event("r1", "note", actor=Actor.API, reason="n")
+    store.transition_run("r1", R.RUNNING, actor=Actor.CLI, reason="go")
+    assert [e.kind for e in store.list_events("r1", kinds=("run",))] == ["run", "run"]
+    assert [e.reason for e in store.list_events("r1", kinds=["note", "nope"])] == ["n"]
+    assert store.list_events("r1", kinds=()) == []
 
 
 def test_transition_run_writes_state_and_event(store: Store) -> None:

@@ -10,24 +10,24 @@ import time
 from pathlib import Path
 
 import pytest
-from _store_helpers import make_run, snapshot
+from _store_helpers import BACKENDS, make_run, open_target, snapshot
 
 from segue import _faults
 from segue.errors import InjectedFault
 from segue.states import Actor, TaskState
-from segue.store import SQLiteStore
+from segue.store import Store
 
 WORKER = Path(__file__).with_name("_store_race_worker.py")
 
 
-def test_process_killed_before_commit_leaves_no_trace(tmp_path: Path) -> None:
-    db = tmp_path / "segue.db"
-    store = SQLiteStore(db)
+@pytest.mark.parametrize("target", BACKENDS, indirect=True)
+def test_process_killed_before_commit_leaves_no_trace(target: str) -> None:
+    store = open_target(target)
     make_run(store)
     before = snapshot(store)
     env = {**os.environ, "SEGUE_FAULTS": "store.before_commit:kill"}
     proc = subprocess.run(
-        [sys.executable, str(WORKER), "start", str(db), "0"],
+        [sys.executable, str(WORKER), "start", target],
         env=env, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == -signal.SIGKILL, proc.stderr
@@ -37,10 +37,11 @@ def test_process_killed_before_commit_leaves_no_trace(tmp_path: Path) -> None:
     rec = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
     assert (rec.state, rec.epoch) == (TaskState.RUNNING, 1)
     assert time.monotonic() - t0 < 5
+    store.close()
 
 
-def test_error_before_commit_rolls_back(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "segue.db")
+@pytest.mark.parametrize("store", BACKENDS, indirect=True)
+def test_error_before_commit_rolls_back(store: Store) -> None:
     make_run(store)
     before = snapshot(store)
     _faults.rearm("store.before_commit:raise")
@@ -51,4 +52,3 @@ def test_error_before_commit_rolls_back(tmp_path: Path) -> None:
         _faults.rearm("")
     assert snapshot(store) == before
     assert store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch == 1
-    store.close()

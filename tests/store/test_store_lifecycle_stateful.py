@@ -1,26 +1,31 @@
-"""Hypothesis drives the run/task lifecycle against a real SQLite store.
+"""Hypothesis drives the run/task lifecycle against a real store of each backend.
 
 A small model mirrors what the store should hold. Every command either
 succeeds exactly as the transition tables allow, or raises and leaves the
-store untouched. "crash" drops the store object and reopens the file, as a
-new process would. Invariants are checked after every step.
+store untouched. "crash" drops the store object and reopens it from its
+target (file or database), as a new process would. Invariants are checked
+after every step.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-from _store_helpers import make_run, snapshot
+from _store_helpers import BACKENDS, make_run, open_target, snapshot
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from segue.errors import FencedError, IllegalTransitionError
 from segue.states import RUN_TRANSITIONS, TASK_TRANSITIONS, Actor, RunState, TaskState
-from segue.store import SQLiteStore, TaskRecord
+from segue.store import TaskRecord
 
 R, T = RunState, TaskState
 STEPS = ("a", "b")
@@ -28,11 +33,12 @@ steps = st.sampled_from(STEPS)
 
 
 class Lifecycle(RuleBasedStateMachine):
+    new_target: Callable[[], str]  # a fresh, empty store's target; set by the test
+
     def __init__(self) -> None:
         super().__init__()
-        self.dir = tempfile.mkdtemp(prefix="segue-store-")
-        self.path = Path(self.dir) / "segue.db"
-        self.store = SQLiteStore(self.path)
+        self.target = self.new_target()
+        self.store = open_target(self.target)
         make_run(self.store, steps=STEPS)
         # The model: what the store must hold.
         self.run = R.PENDING
@@ -47,7 +53,6 @@ class Lifecycle(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.store.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     # -- helpers -------------------------------------------------------------------
     def _illegal(self, call, exc: type[Exception] = IllegalTransitionError) -> None:
@@ -208,9 +213,9 @@ class Lifecycle(RuleBasedStateMachine):
 
     @rule()
     def crash(self) -> None:
-        """Process death: the object goes away, a new process reopens the file."""
+        """Process death: the object goes away, a new process reopens the store."""
         self.store.close()
-        self.store = SQLiteStore(self.path)
+        self.store = open_target(self.target)
 
     # -- invariants ----------------------------------------------------------------
     @invariant()
@@ -262,10 +267,17 @@ class Lifecycle(RuleBasedStateMachine):
                 self.succeeded[t.step] = t
 
 
-TestLifecycle = Lifecycle.TestCase
-TestLifecycle.settings = settings(
-    max_examples=60,
-    stateful_step_count=50,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+SETTINGS = {
+    "sqlite": settings(max_examples=60, stateful_step_count=50, deadline=None,
+                       suppress_health_check=[HealthCheck.too_slow]),
+    # Every example gets its own database; each step costs a few round trips.
+    "postgres": settings(max_examples=20, stateful_step_count=50, deadline=None,
+                         suppress_health_check=[HealthCheck.too_slow]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_lifecycle(backend: str, new_target: Callable[[str], str]) -> None:
+    machine = type(f"Lifecycle_{backend}", (Lifecycle,),
+                   {"new_target": staticmethod(lambda: new_target(backend))})
+    run_state_machine_as_test(machine, settings=SETTINGS[backend])

@@ -1,4 +1,4 @@
-"""SQLite store under real concurrency: several processes, and several threads."""
+"""Stores under real concurrency, on every backend: several processes, and several threads."""
 
 from __future__ import annotations
 
@@ -7,53 +7,66 @@ import pickle
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
-from _store_helpers import make_run
+from _store_helpers import BACKENDS, make_run, open_target
 
 from segue.errors import FencedError
 from segue.states import Actor, TaskState
-from segue.store import SQLiteStore, open_store
+from segue.store import Store, open_store
 
 WORKER = Path(__file__).with_name("_store_race_worker.py")
 N = 5
+each_backend = pytest.mark.parametrize("target", BACKENDS, indirect=True)
+each_store = pytest.mark.parametrize("store", BACKENDS, indirect=True)
 
 
-def _race(mode: str, db: Path, args: list[list[str]]) -> list[dict]:
-    """Start one worker per args entry, all released at the same instant."""
-    start_at = time.time() + 1.5  # interpreter start-up on a busy 2-core box
+def _race(mode: str, target: str, args: list[list[str]]) -> list[dict]:
+    """Start one worker per args entry; release them all at once when every one is ready."""
     procs = [
         subprocess.Popen(
-            [sys.executable, str(WORKER), mode, str(db), repr(start_at), *a],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [sys.executable, str(WORKER), mode, target, *a],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
         for a in args
     ]
-    outputs = [(p, *p.communicate(timeout=60)) for p in procs]
+    try:
+        for p in procs:  # the handshake: each has started up and built what it needs
+            assert p.stdout is not None and p.stdout.readline().strip() == "ready", p.stderr
+        for p in procs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outputs = [(p, *p.communicate(timeout=120)) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     for p, _, err in outputs:
         assert p.returncode == 0, err
     return [json.loads(out.strip().splitlines()[-1]) for _, out, _ in outputs]
 
 
-def test_racing_controllers_exactly_one_wins(tmp_path: Path) -> None:
-    db = tmp_path / "segue.db"
-    store = SQLiteStore(db)
+@each_backend
+def test_racing_controllers_exactly_one_wins(target: str) -> None:
+    store = open_target(target)
     make_run(store)
-    results = _race("acquire", db, [[] for _ in range(N)])
+    results = _race("acquire", target, [[] for _ in range(N)])
     winners = [r for r in results if r["won"]]
     assert len(winners) == 1 and winners[0]["epoch"] == 1
     run = store.get_run("r1")
     assert (run.controller_epoch, run.controller_pid) == (1, winners[0]["pid"])
     assert [e.kind for e in store.list_events("r1")].count("controller") == 1
+    store.close()
 
 
-def test_racing_attempts_get_unique_epochs_and_only_current_ones_commit(tmp_path: Path) -> None:
-    db = tmp_path / "segue.db"
-    store = SQLiteStore(db)
+@each_backend
+def test_racing_attempts_get_unique_epochs_and_only_current_ones_commit(target: str) -> None:
+    store = open_target(target)
     make_run(store)
-    results = _race("attempts", db, [["15"] for _ in range(N)])
+    results = _race("attempts", target, [["15"] for _ in range(N)])
     assert sum(1 for r in results if r["epochs"]) >= 2, results  # they really did race
     epochs = [e for r in results for e in r["epochs"]]
     final = store.get_task("r1", "train")
@@ -83,19 +96,20 @@ def test_racing_attempts_get_unique_epochs_and_only_current_ones_commit(tmp_path
     rec = store.commit_checkpoint("r1", "train", newest, seq=top + 1, path="x",
                                   position=None, nbytes=0)
     assert rec.epoch == newest
+    store.close()
 
 
-def test_processes_opening_a_fresh_database_at_once(tmp_path: Path) -> None:
-    db = tmp_path / "fresh" / "segue.db"
-    db.parent.mkdir()
-    results = _race("open", db, [[f"r{i}"] for i in range(N)])
+@each_backend
+def test_processes_opening_a_fresh_database_at_once(target: str) -> None:
+    results = _race("open", target, [[f"r{i}"] for i in range(N)])
     assert all(r["ok"] for r in results)
-    store = SQLiteStore(db)
+    store = open_target(target)
     assert sorted(r.run_id for r in store.list_runs()) == [f"r{i}" for i in range(N)]
+    store.close()
 
 
-def test_threads_share_a_store_with_a_connection_each(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "segue.db")
+@each_store
+def test_threads_share_a_store_with_a_connection_each(store: Store) -> None:
     make_run(store)
     errors: list[BaseException] = []
 
@@ -121,16 +135,16 @@ def test_threads_share_a_store_with_a_connection_each(tmp_path: Path) -> None:
         assert mine == list(range(20))
 
 
-def test_store_is_rebuilt_from_its_path_when_pickled(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "segue.db")
+@each_store
+def test_store_is_rebuilt_from_its_target_when_pickled(store: Store) -> None:
     make_run(store)
     copy = pickle.loads(pickle.dumps(store))
-    assert copy is not store and copy.path == store.path
+    assert copy is not store and type(copy) is type(store) and repr(copy) == repr(store)
     assert copy.get_run("r1") == store.get_run("r1")
     copy.close()
 
 
-def test_open_store_creates_the_home(tmp_path: Path) -> None:
+def test_open_store_creates_the_home(tmp_path: Path) -> None:  # SQLite only: a home's file
     home = tmp_path / "a" / "home"
     store = open_store(home)
     make_run(store)
@@ -141,8 +155,8 @@ def test_open_store_creates_the_home(tmp_path: Path) -> None:
     again.close()
 
 
-def test_close_then_reuse_reopens(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "segue.db")
+@each_store
+def test_close_then_reuse_reopens(store: Store) -> None:
     make_run(store)
     store.close()
     store.close()  # idempotent

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from _store_helpers import make_run
+from _store_helpers import BACKENDS, make_run
 
 from segue.errors import UnknownRunError
 from segue.states import Actor
 from segue.store import Store
 
-pytestmark = pytest.mark.parametrize("store", ["sqlite"], indirect=True)
+pytestmark = pytest.mark.parametrize("store", BACKENDS, indirect=True)
 
 
 def test_set_run_options_replaces_them_with_an_event(store: Store) -> None:

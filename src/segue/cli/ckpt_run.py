@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointCorruptError, UnknownRunError, UsageError
@@ -29,10 +30,18 @@ def _run_dirs(home: Home, run_id: str) -> list[str] | None:
     if not home.exists() or os.path.exists(run_id) or "://" in run_id:
         return None
     try:
-        tasks = home.open_store().get_tasks(run_id)
+        store = home.open_store()
+        run = store.get_run(run_id)
+        tasks = store.get_tasks(run_id)
     except UnknownRunError:
         return None
-    dirs = [home.data_dir / "runs" / run_id / t.step / "ckpt" for t in tasks]
+    url = str(run.options.get("checkpoints") or "")
+    if "://" in url and not url.startswith("file://"):
+        # Object storage has no directories to test: the store says which steps have some.
+        return [f"{url.rstrip('/')}/runs/{run_id}/{t.step}/ckpt" for t in tasks
+                if store.list_checkpoints(run_id, t.step)]
+    base = Path(url.removeprefix("file://")) if url else home.data_dir
+    dirs = [base / "runs" / run_id / t.step / "ckpt" for t in tasks]
     return [str(d) for d in dirs if d.is_dir() and any(d.iterdir())]
 
 
@@ -66,10 +75,9 @@ def _verify_run(home: Home, run_id: str) -> int:
     it (and fall back past it), so it is reported as BAD.
     """
     from ..checkpoint.io import list_dir_checkpoints, verify
-    from ..checkpoint.storage import LocalStorage
 
     store = home.open_store()
-    storage = LocalStorage(home.data_dir)
+    storage = home.run_storage(store.get_run(run_id))
     checked = bad = 0
     for t in store.get_tasks(run_id):
         committed = store.list_checkpoints(run_id, t.step)  # newest first

@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pause instead of failing when a step exhausts its retries")
     r.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
                    help="data steps: what to do when the input changed since the run began")
+    r.add_argument("--checkpoints", default=None, metavar="URL",
+                   help="where the run keeps checkpoints and step outputs: an absolute path or "
+                        "any fsspec URL such as s3://bucket/prefix (default $SEGUE_CHECKPOINTS, "
+                        "else HOME/data)")
     r.add_argument("--priority", default=None,
                    help="urgent, high, normal (default) or batch, or an integer")
     r.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -167,6 +171,7 @@ def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
         gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
         preemptible=a.preemptible,
         max_pause=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
+        checkpoints=a.checkpoints,
     )
     if a.detach:
         return _detached(client, run.run_id)

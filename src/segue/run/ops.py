@@ -70,6 +70,10 @@ def prepare_run(
     from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
 
     check_sinks(loaded.flow.steps, run_id, values)
+    if opts.checkpoints:
+        from .storage_check import check_checkpoints
+
+        opts = opts.with_changes(checkpoints=check_checkpoints(opts.checkpoints))
     return Prepared(loaded, run_id, values, opts)
 
 

@@ -36,10 +36,18 @@ class RunOptions:
     # worker started by any controller (a resume, an auto-resume after
     # preemption) applies the policy the operator chose.
     on_input_change: str = "fail"
+    # Where the run's checkpoints and step outputs live: "" for the home's data
+    # directory, an absolute path, or any fsspec URL (s3://bucket/prefix, gs://...),
+    # so that every host of a cluster reads the same ones (segue.home.storage_at).
+    checkpoints: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
+            if f.name == "checkpoints":
+                if not isinstance(v, str) or len(v) > 4096:
+                    raise UsageError(f"run option checkpoints must be a path or URL, not {v!r}")
+                continue
             if f.name in _CHOICES:
                 if v not in _CHOICES[f.name]:
                     raise UsageError(f"run option {f.name} must be one of {', '.join(_CHOICES[f.name])}, "
@@ -86,7 +94,7 @@ class RunOptions:
             if f.name in ("pause_on_failure", "preemptible"):
                 base[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
                 continue
-            if f.name in _CHOICES:
+            if f.name in _CHOICES or f.name == "checkpoints":
                 base[f.name] = raw.strip()
                 continue
             try:

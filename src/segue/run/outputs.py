@@ -33,7 +33,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | None = No
     if not h.exists():  # reading never creates a home
         raise UsageError(f"no segue home at {h.root}; start a run first or pass --home / SEGUE_HOME")
     store = h.open_store()
-    store.get_run(run_id)  # UnknownRunError
+    run = store.get_run(run_id)  # UnknownRunError
     tasks = {t.step: t for t in store.get_tasks(run_id)}
     check_step(step)
     if step not in tasks:
@@ -44,7 +44,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | None = No
                          f"{t.state.value}); see `segue status {run_id}`")
     if t.output_ref is None:
         return None
-    return ckpt.load(h.storage(), t.output_ref, allow_pickle=allow_pickle).state["value"]
+    return ckpt.load(h.run_storage(run), t.output_ref, allow_pickle=allow_pickle).state["value"]
 
 
 def to_json(value: Any, where: str = "output") -> Any:

@@ -133,8 +133,8 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     _faults.set_role("worker", epoch)
 
     store = home.open_store()
-    storage = home.storage()
     run = store.get_run(run_id)
+    storage = home.run_storage(run)
     task = store.get_task(run_id, step)
     try:
         store.set_attempt_pid(run_id, step, epoch, os.getpid(), socket.gethostname())

@@ -93,6 +93,8 @@ class SubmitBody(_Body):
     pause_deadline_s: float | None = Field(default=None, ge=0)
     pause_on_failure: bool | None = None
     on_input_change: Literal["fail", "pin", "include-new"] | None = None
+    checkpoints: str | None = Field(default=None, max_length=4096,
+                                    description="path or URL (s3://bucket/prefix) for checkpoints")
     options: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -97,7 +97,8 @@ class Snapshot:
 
 
 def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
-    store, storage = home.open_store(), home.storage()
+    store = home.open_store()
+    storage = home.run_storage(store.get_run(run_id))
     snap = Snapshot()
     for t in store.get_tasks(run_id):
         if t.output_ref is not None:

@@ -1,0 +1,744 @@
+"""The PostgreSQL metadata store: one database shared by every host of a deployment.
+
+Same contract and messages as :class:`~segue.store.sqlite.SQLiteStore`, but
+PostgreSQL runs writers concurrently (READ COMMITTED), so what SQLite gets
+from its single writer is taken explicitly here:
+
+- **Fencing inside the write.** A write locks the rows it judges by
+  (``SELECT … FOR UPDATE`` of the task, ``FOR NO KEY UPDATE`` of the run),
+  then checks the epoch or state, then writes, in one transaction: a
+  concurrent epoch bump waits for the lock, so no write lands on a decision
+  made from a stale read. Lock order is always run, then task.
+- **The database's clock.** Leases, expiries and timestamps come from
+  ``clock_timestamp()`` read after the locks are held, never from the
+  client's ``time.time()``, so hosts with skewed clocks agree on who holds a
+  lease. ``clock_offset`` (default: ``SEGUE_CLOCK_FILE``, as for
+  :func:`~segue.store.base.now`) adds virtual time for tests.
+- **Events.** Ids come from one sequence, drawn while the writer holds its
+  run's row lock, so within a run ids rise in commit order and a reader
+  paging by ``after_id`` never skips an event committed late. Across runs,
+  id order is not commit order: a reader that pages over every run by id
+  (the /metrics reader and the webhook outbox do, on SQLite) needs another cursor.
+- **Retries.** A transaction cut off by a lost connection is retried (a few
+  times, with backoff) when it surely did not commit: it failed before
+  COMMIT was sent, or was a deadlock or serialization failure. When the
+  connection dies *during* COMMIT, the outcome is looked up: every write
+  inserts a commit marker (a fresh token) in its own transaction, and the
+  writer probes for it, waiting on the token's index entry until the old
+  transaction has ended. Found: it committed, and the result computed before
+  COMMIT is returned. Absent: it rolled back and is run again. No transition
+  is ever applied twice, and none is lost.
+
+psycopg is imported only when a store is built. Values are bound parameters
+(``%s``); only fixed column names are formatted into SQL.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Collection, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from .._canon import canonical_json
+from .._faults import fault_point
+from ..errors import (
+    ControllerConflictError,
+    FencedError,
+    IllegalTransitionError,
+    RunExistsError,
+    SegueError,
+    StoreError,
+)
+from ..states import Actor, RunState, TaskState, check_run, check_task
+from .base import (
+    CLOCK_FILE_ENV,
+    CheckpointRecord,
+    Event,
+    Heartbeat,
+    NewRun,
+    RunRecord,
+    Store,
+    TaskRecord,
+    _clock_offset,
+)
+from .postgres_schema import (
+    Tx,
+    event_record,
+    fence,
+    insert_event,
+    lock_run,
+    migrate,
+    run_row,
+    task_row,
+    update_task,
+    value,
+)
+from .sqlite_rows import (  # row -> record converters and fence checks: backend-neutral
+    _check_controller_epoch,
+    _checkpoint_record,
+    _fmt_time,
+    _run_record,
+    _task_record,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+
+    Conn = psycopg.Connection[dict[str, Any]]
+
+T = TypeVar("T")
+
+CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
+_NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
+
+TRIES = 5  # one try and four retries, after 0.1, 0.2, 0.4 and 0.8 s
+BACKOFF_S = 0.1
+CONNECT_TIMEOUT_S = 10.0  # per try: a new connection, or a free one from the pool
+OUTCOME_WAIT_S = 60  # how long a probe waits for a transaction whose COMMIT got no answer
+# The server ends a session idle inside a transaction this long: a writer frozen
+# while holding its run's lock (a stopped VM, SIGSTOP) cannot stall the run for
+# ever. Thawed, it finds its transaction rolled back, runs again, and is fenced.
+IDLE_IN_TX_TIMEOUT_S = 60
+MARKER_TTL_S = 3600.0  # commit markers are needed for seconds; purged after an hour
+PURGE_EVERY_S = 600.0
+
+_READ = ""  # no transaction: each statement is one snapshot (autocommit)
+_WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+
+def is_postgres_url(s: object) -> bool:
+    """Whether ``s`` names a PostgreSQL database (``postgresql://`` or ``postgres://``)."""
+    return isinstance(s, str) and s.lower().startswith(("postgresql://", "postgres://"))
+
+
+def _label(url: str) -> str:
+    """The URL without its password, for messages."""
+    url = re.sub(r"(//[^:/@]*):[^@/]*@", r"\1:***@", url)
+    return re.sub(r"(password=)[^&\s]*", r"\1***", url)
+
+
+def _env_offset() -> float:
+    path = os.environ.get(CLOCK_FILE_ENV)
+    return _clock_offset(path) if path else 0.0
+
+
+def _import_psycopg() -> tuple[Any, Any]:
+    try:
+        import psycopg
+        import psycopg_pool
+    except ImportError as e:
+        raise StoreError(
+            f"a PostgreSQL metadata store needs psycopg 3 and psycopg_pool ({e.name} is "
+            "missing); pip install 'segue[postgres]'"
+        ) from e
+    return psycopg, psycopg_pool
+
+
+class _Transient(Exception):
+    """A try that surely did not commit and may be run again (the cause is chained)."""
+
+
+class PostgresStore(Store):
+    """A :class:`Store` in a PostgreSQL database. Picklable: it travels as its URL.
+
+    One connection pool per process (rebuilt after fork), shared by its threads.
+    """
+
+    def __init__(self, url: str, *, clock_offset: Callable[[], float] | None = None,
+                 max_connections: int = 8) -> None:
+        self.url = url
+        self._psycopg, self._pool_mod = _import_psycopg()
+        self._offset = clock_offset or _env_offset
+        self._max = max_connections
+        self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        self._pool_obj: Any = None
+        self._pid = 0
+        self._purge_at = 0.0
+        self._migrate()  # fail now on a bad URL or a too-new schema, not at the first query
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.url,))
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({_label(self.url)!r})"
+
+    # -- connections and transactions ------------------------------------------
+    def _connect_kwargs(self) -> dict[str, Any]:
+        from psycopg.rows import dict_row
+
+        return {"autocommit": True, "row_factory": dict_row,
+                "connect_timeout": int(CONNECT_TIMEOUT_S), "application_name": "segue"}
+
+    def _migrate(self) -> None:
+        try:
+            with self._psycopg.connect(self.url, **self._connect_kwargs()) as conn:
+                migrate(conn, _label(self.url))
+        except self._psycopg.Error as e:
+            raise StoreError(f"cannot open metadata store {_label(self.url)}: {e}") from e
+
+    def _configure(self, conn: Conn) -> None:
+        conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                     (f"{int(IDLE_IN_TX_TIMEOUT_S * 1000)}ms",))
+
+    def _pool(self) -> Any:
+        if self._lock_pid != os.getpid():  # forked: a parent's thread may have held the lock
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        with self._lock:
+            if self._pool_obj is None or self._pid != os.getpid():
+                # A pool inherited over fork() is dropped, never closed: closing would
+                # end the parent's sessions (psycopg's finalizer leaves them alone).
+                pool = self._pool_mod.ConnectionPool(
+                    self.url, min_size=1, max_size=self._max, open=False,
+                    kwargs=self._connect_kwargs(), configure=self._configure,
+                    timeout=CONNECT_TIMEOUT_S, name="segue-store")
+                pool.open(wait=False)
+                self._pool_obj, self._pid = pool, os.getpid()
+            return self._pool_obj
+
+    def close(self) -> None:
+        """Close this process's pool (a later call opens a new one). Connections in
+        use by other threads finish their transaction first."""
+        with self._lock:
+            pool, self._pool_obj = self._pool_obj, None
+        if pool is not None and self._pid == os.getpid():
+            pool.close()
+
+    def _read(self, body: Callable[[Tx], T]) -> T:
+        """Reads take no lock and need no transaction: each answers with one
+        statement (READ COMMITTED: one snapshot). A second statement only asks,
+        after an empty answer, whether the run (or step) exists at all; runs and
+        tasks are never deleted, so the two cannot disagree."""
+        return self._run(body, _READ, "")
+
+    def _write(self, body: Callable[[Tx], T]) -> T:
+        """READ COMMITTED; ``body`` locks the rows it judges by before judging them."""
+        try:
+            result = self._run(body, _WRITE, "COMMIT")
+        except FencedError as exc:
+            self._record_refusal(exc)
+            raise
+        if time.monotonic() >= self._purge_at:
+            self._purge_markers()
+        return result
+
+    def _run(self, body: Callable[[Tx], T], begin: str, finish: str) -> T:
+        last: BaseException | None = None
+        for attempt in range(TRIES):
+            if attempt:
+                time.sleep(BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                return self._once(body, begin, finish)
+            except _Transient as t:
+                last = t.__cause__
+                self._drop_dead_connections()
+        raise StoreError(
+            f"metadata store {_label(self.url)}: lost the connection {TRIES} times in a row "
+            f"({str(last).strip()}); is the server up?"
+        ) from last
+
+    def _once(self, body: Callable[[Tx], T], begin: str, finish: str) -> T:
+        pool = self._pool()
+        try:
+            conn = pool.getconn()
+        except (self._pool_mod.PoolTimeout, self._pool_mod.PoolClosed) as e:
+            raise _Transient() from e  # no server yet, or another thread's close(): again
+        tx = Tx(conn, self._offset())
+        try:
+            try:
+                if begin:
+                    conn.execute(begin)  # type: ignore[arg-type]
+                result = body(tx)
+                if begin == _WRITE:
+                    tx.mark_if_written()
+                    # Tests kill or stop the process here: a write cut off before
+                    # COMMIT must leave no trace, and one held here holds its locks.
+                    fault_point("store.before_commit")
+            except BaseException as exc:
+                self._rollback(conn)
+                if self._transient(exc, conn):
+                    raise _Transient() from exc
+                raise
+            if not finish:
+                return result
+            try:
+                self._finish(conn, finish)
+            except self._psycopg.Error as exc:
+                if finish != "COMMIT":
+                    return result  # a probe's answer stays true
+                if not self._transient(exc, conn):
+                    raise
+                if tx.token is None or not self._committed(tx.token, exc):
+                    raise _Transient() from exc  # it rolled back (or wrote nothing): again
+            return result
+        finally:
+            pool.putconn(conn)
+
+    def _finish(self, conn: Conn, finish: str) -> None:
+        """Send COMMIT or ROLLBACK (tests replace it to lose the answer to a COMMIT)."""
+        conn.execute(finish)  # type: ignore[arg-type]
+
+    def _rollback(self, conn: Conn) -> None:
+        if not conn.closed and not conn.broken:
+            try:
+                conn.execute("ROLLBACK")
+            except self._psycopg.Error:
+                pass  # the pool discards a connection it cannot reset
+
+    def _transient(self, exc: BaseException, conn: Conn) -> bool:
+        errors = self._psycopg.errors
+        if isinstance(exc, (errors.SerializationFailure, errors.DeadlockDetected)):
+            return True  # the server rolled the transaction back
+        # Any error that leaves the session dead (a restart, a FATAL such as the
+        # idle-in-transaction timeout, a cut network): the server rolled back.
+        return isinstance(exc, self._psycopg.Error) and (conn.closed or conn.broken)
+
+    def _drop_dead_connections(self) -> None:
+        try:
+            self._pool().check()  # after a server restart every idle connection is dead
+        except Exception:  # noqa: BLE001 - best effort; the next try reports the failure
+            pass
+
+    def _committed(self, token: uuid.UUID, exc: BaseException) -> bool:
+        """Whether the transaction that inserted ``token`` committed.
+
+        Inserting the same token waits on the unique index until that transaction
+        has ended, then conflicts if it committed; the probe always rolls back.
+        """
+        def probe(tx: Tx) -> bool:
+            tx.one("SELECT set_config('lock_timeout', %s, true)", (f"{int(OUTCOME_WAIT_S)}s",))
+            return tx.one("INSERT INTO commit_markers (token, at) VALUES (%s, 0)"
+                          " ON CONFLICT DO NOTHING RETURNING token", (token,)) is None
+
+        try:
+            return self._run(probe, _WRITE, "ROLLBACK")
+        except (StoreError, self._psycopg.Error) as e:
+            raise StoreError(
+                f"metadata store {_label(self.url)}: the connection died during a COMMIT "
+                f"({str(exc).strip()}) and whether it committed is unknown ({str(e).strip()}); "
+                "check `segue status` before retrying"
+            ) from e
+
+    def _purge_markers(self) -> None:
+        self._purge_at = time.monotonic() + PURGE_EVERY_S
+        try:
+            with self._pool().connection() as conn:
+                conn.execute("DELETE FROM commit_markers WHERE at <"
+                             " extract(epoch FROM clock_timestamp()) - %s", (MARKER_TTL_S,))
+        except Exception:  # noqa: BLE001 - housekeeping; the next purge will catch up
+            pass
+
+    def _record_refusal(self, exc: FencedError) -> None:
+        """Append a ``fenced`` event for a write refused to a stale epoch, in a
+        transaction of its own (the refused one rolled back). Best effort."""
+        info = getattr(exc, "fence", None)
+        if not info:
+            return
+
+        def body(tx: Tx) -> None:
+            lock_run(tx, info["run_id"])
+            insert_event(tx, info["run_id"], "fenced", step=info.get("step"), actor=info["actor"],
+                         reason=f"write refused: {exc}", t=tx.now(),
+                         data={"epoch": info["epoch"], "current": info["current"]})
+
+        try:
+            self._run(body, _WRITE, "COMMIT")
+        except (SegueError, self._psycopg.Error):
+            pass
+
+    # -- runs ------------------------------------------------------------------
+    def create_run(self, run: NewRun, steps: Sequence[str], *, actor: str) -> RunRecord:
+        """Write, READ COMMITTED: a second creator of the same id waits on the key, then conflicts."""
+        steps = list(steps)
+        dup = sorted({s for s in steps if steps.count(s) > 1})
+        if dup:
+            raise ValueError(f"run {run.run_id!r}: step names must be unique; repeated: {dup}")
+
+        def body(tx: Tx) -> RunRecord:
+            t = tx.now()
+            row = tx.one(
+                "INSERT INTO runs (run_id, flow_name, flow_path, params, fingerprint, options,"
+                " state, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                " ON CONFLICT (run_id) DO NOTHING RETURNING *",
+                (run.run_id, run.flow_name, run.flow_path, canonical_json(run.params),
+                 canonical_json(run.fingerprint), canonical_json(run.options),
+                 RunState.PENDING.value, t, t))
+            if row is None:
+                raise RunExistsError(run.run_id)
+            with tx.conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO tasks (run_id, step, ord, state, updated_at)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    [(run.run_id, s, i, TaskState.PENDING.value, t) for i, s in enumerate(steps)])
+            # The new row is invisible to others until COMMIT: it is as good as locked.
+            insert_event(tx, run.run_id, "run", actor=actor, reason="run created", t=t,
+                         to_state=RunState.PENDING, data={"steps": steps})
+            return _run_record(cast(Any, row))
+
+        return self._write(body)
+
+    def get_run(self, run_id: str) -> RunRecord:
+        """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
+        return self._read(lambda tx: _run_record(cast(Any, run_row(tx, run_id))))
+
+    def list_runs(self, *, states: Collection[RunState] | None = None, flow: str | None = None,
+                  limit: int | None = None, offset: int = 0) -> list[RunRecord]:
+        """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
+        where: list[str] = []
+        args: list[Any] = []
+        if states is not None:
+            where.append("state = ANY(%s)")
+            args.append([RunState(s).value for s in states])
+        if flow is not None:
+            where.append("flow_name = %s")
+            args.append(flow)
+        sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
+        sql += " ORDER BY created_at DESC, ord DESC LIMIT %s OFFSET %s"
+        args += [None if limit is None else int(limit), int(offset)]
+        return self._read(lambda tx: [_run_record(cast(Any, r)) for r in tx.all(sql, args)])
+
+    def run_counts(self) -> dict[tuple[RunState, str], int]:
+        """Read: one aggregate statement, one snapshot, no lock."""
+        rows = self._read(lambda tx: tx.all(
+            "SELECT state, flow_name, COUNT(*) AS n FROM runs GROUP BY state, flow_name"))
+        return {(RunState(r["state"]), r["flow_name"]): int(r["n"]) for r in rows}
+
+    def set_run_options(self, run_id: str, options: dict[str, Any], *, actor: str, reason: str) -> RunRecord:
+        """Write, READ COMMITTED, under the run's row lock."""
+        def body(tx: Tx) -> RunRecord:
+            lock_run(tx, run_id)
+            t = tx.now()
+            row = tx.one("UPDATE runs SET options = %s, updated_at = %s WHERE run_id = %s"
+                         " RETURNING *", (canonical_json(options), t, run_id))
+            insert_event(tx, run_id, "options", actor=actor, reason=reason, t=t, data=dict(options))
+            return _run_record(cast(Any, row))
+
+        return self._write(body)
+
+    def transition_run(self, run_id: str, to: RunState, *, actor: str, reason: str,
+                       only_from: Collection[RunState] | None = None,
+                       controller_epoch: int | None = None) -> RunRecord:
+        """Write, READ COMMITTED: the run's row lock is taken before the fence and
+        the state are judged, so a controller takeover cannot slip in between."""
+        to = RunState(to)
+
+        def body(tx: Tx) -> RunRecord:
+            row = lock_run(tx, run_id)
+            if controller_epoch is not None:
+                _check_controller_epoch(run_id, cast(Any, row), controller_epoch)
+                fault_point("store.fence_checked")
+            cur = RunState(row["state"])
+            if cur == to:
+                return _run_record(cast(Any, row))
+            check_run(cur, to)
+            if only_from is not None and cur not in only_from:
+                allowed = ", ".join(sorted(RunState(s).value for s in only_from))
+                raise IllegalTransitionError(
+                    "a run", cur.value, to.value, f"this change is only allowed from {allowed}")
+            t = tx.now()
+            new = tx.one("UPDATE runs SET state = %s, updated_at = %s WHERE run_id = %s RETURNING *",
+                         (to.value, t, run_id))
+            insert_event(tx, run_id, "run", actor=actor, reason=reason, t=t,
+                         from_state=cur, to_state=to)
+            return _run_record(cast(Any, new))
+
+        return self._write(body)
+
+    # -- controller lease ------------------------------------------------------
+    def acquire_controller(self, run_id: str, *, pid: int, host: str, ttl_s: float,
+                           steal: bool = False) -> int:
+        """Write, READ COMMITTED, under the run's row lock; the lease is judged by the
+        database's clock read after the lock is held."""
+        def body(tx: Tx) -> int:
+            row = lock_run(tx, run_id)
+            t = tx.now()
+            lease = row["controller_lease_until"]
+            live = lease is not None and lease > t
+            if live and not steal:
+                raise ControllerConflictError(
+                    f"run {run_id!r} is already driven by a live controller "
+                    f"(pid {row['controller_pid']} on host {row['controller_host']}, "
+                    f"lease until {_fmt_time(lease)}); wait for it, pause the run, "
+                    "or stop that process")
+            epoch = int(row["controller_epoch"]) + 1
+            tx.one("UPDATE runs SET controller_epoch = %s, controller_pid = %s, controller_host = %s,"
+                   " controller_lease_until = %s, updated_at = %s WHERE run_id = %s RETURNING run_id",
+                   (epoch, pid, host, t + ttl_s, t, run_id))
+            data: dict[str, Any] = {"epoch": epoch, "pid": pid, "host": host, "lease_until": t + ttl_s}
+            if live:
+                data["stolen_from"] = {"epoch": row["controller_epoch"], "pid": row["controller_pid"],
+                                       "host": row["controller_host"]}
+            insert_event(tx, run_id, "controller", actor=Actor.CONTROLLER, t=t, data=data,
+                         reason="controller lease stolen" if live else "controller lease acquired")
+            return epoch
+
+        return self._write(body)
+
+    def renew_controller(self, run_id: str, epoch: int, ttl_s: float) -> RunRecord:
+        """Write, READ COMMITTED, fenced under the run's row lock; database clock."""
+        def body(tx: Tx) -> RunRecord:
+            row = lock_run(tx, run_id)
+            _check_controller_epoch(run_id, cast(Any, row), epoch)
+            fault_point("store.fence_checked")
+            t = tx.now()
+            new = tx.one("UPDATE runs SET controller_lease_until = %s, updated_at = %s"
+                         " WHERE run_id = %s RETURNING *", (t + ttl_s, t, run_id))
+            return _run_record(cast(Any, new))
+
+        return self._write(body)
+
+    def release_controller(self, run_id: str, epoch: int) -> None:
+        """Write, READ COMMITTED, under the run's row lock."""
+        def body(tx: Tx) -> None:
+            row = lock_run(tx, run_id)
+            if row["controller_epoch"] != epoch or row["controller_lease_until"] is None:
+                return  # superseded or already released: nothing of ours to give up
+            t = tx.now()
+            tx.one("UPDATE runs SET controller_pid = NULL, controller_host = NULL,"
+                   " controller_lease_until = NULL, updated_at = %s WHERE run_id = %s"
+                   " RETURNING run_id", (t, run_id))
+            insert_event(tx, run_id, "controller", actor=Actor.CONTROLLER, t=t,
+                         reason="controller lease released", data={"epoch": epoch})
+
+        self._write(body)
+
+    # -- tasks -----------------------------------------------------------------
+    def get_tasks(self, run_id: str) -> list[TaskRecord]:
+        """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
+        def body(tx: Tx) -> list[TaskRecord]:
+            rows = tx.all("SELECT * FROM tasks WHERE run_id = %s ORDER BY ord", (run_id,))
+            if not rows:
+                run_row(tx, run_id)
+            return [_task_record(cast(Any, r)) for r in rows]
+
+        return self._read(body)
+
+    def get_task(self, run_id: str, step: str) -> TaskRecord:
+        """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
+        return self._read(lambda tx: _task_record(cast(Any, task_row(tx, run_id, step))))
+
+    def transition_task(self, run_id: str, step: str, to: TaskState, *, actor: str, reason: str,
+                        epoch: int | None = None, only_from: Collection[TaskState] | None = None,
+                        count_failure: bool = False, error: str | None = None,
+                        next_attempt_at: float | None = None,
+                        reset_failures: bool = False) -> TaskRecord:
+        """Write, READ COMMITTED: run then task row locked before the epoch and state
+        are judged (fenced when ``epoch`` is given)."""
+        to = TaskState(to)
+        if to == TaskState.RUNNING:
+            # A RUNNING task without a new epoch would let the previous
+            # attempt's zombie write again: fencing needs start_attempt.
+            raise ValueError(
+                f"step {step!r} in run {run_id!r}: use start_attempt to move a task to RUNNING; "
+                "it raises the epoch that fences older attempts")
+
+        def body(tx: Tx) -> TaskRecord:
+            lock_run(tx, run_id)
+            row = task_row(tx, run_id, step, lock=True)
+            if epoch is not None:
+                fence(run_id, step, row, epoch)
+            cur = TaskState(row["state"])
+            check_task(cur, to)
+            if only_from is not None and cur not in only_from:
+                allowed = ", ".join(sorted(TaskState(s).value for s in only_from))
+                raise IllegalTransitionError(
+                    "a task", cur.value, to.value, f"this change is only allowed from {allowed}")
+            t = tx.now()
+            failures = 0 if reset_failures else int(row["failures"])
+            changes: dict[str, Any] = {
+                "state": to.value,
+                "failures": failures + (1 if count_failure else 0),
+                # The backoff deadline only means something while RETRYING.
+                "next_attempt_at": next_attempt_at if to == TaskState.RETRYING else None,
+                "finished_at": t if to.done else None,
+                "updated_at": t,
+            }
+            if error is not None:
+                changes["error"] = error
+            if cur == TaskState.RUNNING:
+                changes.update(_NO_ATTEMPT)
+            new = update_task(tx, run_id, step, changes)
+            data: dict[str, Any] = {"epoch": row["epoch"]}
+            if error is not None:
+                data["error"] = error
+            insert_event(tx, run_id, "task", step=step, actor=actor, reason=reason, t=t,
+                         from_state=cur, to_state=to, data=data)
+            return _task_record(cast(Any, new))
+
+        return self._write(body)
+
+    def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
+        """Write, READ COMMITTED: run then task row locked, so two starters get
+        distinct epochs and the second is refused by the state it then sees."""
+        def body(tx: Tx) -> TaskRecord:
+            lock_run(tx, run_id)
+            row = task_row(tx, run_id, step, lock=True)
+            cur = TaskState(row["state"])
+            check_task(cur, TaskState.RUNNING)  # allowed only from PENDING and RETRYING
+            t = tx.now()
+            epoch, attempts = int(row["epoch"]) + 1, int(row["attempts"]) + 1
+            new = update_task(tx, run_id, step, {
+                "state": TaskState.RUNNING.value, "epoch": epoch, "attempts": attempts,
+                "pid": None, "host": None, "lease_until": t + ttl_s, "next_attempt_at": None,
+                "started_at": row["started_at"] if row["started_at"] is not None else t,
+                "finished_at": None, "updated_at": t,
+            })
+            insert_event(tx, run_id, "task", step=step, actor=actor, t=t,
+                         reason=f"attempt {attempts} started", from_state=cur,
+                         to_state=TaskState.RUNNING, data={"epoch": epoch, "attempt": attempts})
+            return _task_record(cast(Any, new))
+
+        return self._write(body)
+
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
+        """Write, READ COMMITTED, fenced under the task's row lock."""
+        def body(tx: Tx) -> None:
+            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=True)
+            update_task(tx, run_id, step, {"pid": pid, "host": host, "updated_at": tx.now()})
+
+        self._write(body)
+
+    def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
+        """Write, READ COMMITTED, fenced under the task's row lock; the lease is the
+        database's clock plus ``ttl_s``. The run's state is read without a lock."""
+        def body(tx: Tx) -> Heartbeat:
+            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=True)
+            t = tx.now()
+            update_task(tx, run_id, step, {"lease_until": t + ttl_s, "updated_at": t})
+            # SQLiteStore also extends the attempt's device allocation here; the
+            # pool tables are not ported to PostgreSQL yet.
+            return Heartbeat(run_state=RunState(run_row(tx, run_id)["state"]), lease_until=t + ttl_s)
+
+        return self._write(body)
+
+    def report_progress(self, run_id: str, step: str, epoch: int, done: float,
+                        total: float | None) -> None:
+        """Write, READ COMMITTED, fenced under the task's row lock."""
+        def body(tx: Tx) -> None:
+            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch)
+            update_task(tx, run_id, step, {"progress_done": done, "progress_total": total,
+                                            "updated_at": tx.now()})
+
+        self._write(body)
+
+    def commit_checkpoint(self, run_id: str, step: str, epoch: int, *, seq: int, path: str,
+                          position: Any, nbytes: int,
+                          duration_s: float | None = None) -> CheckpointRecord:
+        """Write, READ COMMITTED, fenced under the run and task row locks (which also
+        serialize the seq check of two writers)."""
+        position_json = canonical_json(position)
+
+        def body(tx: Tx) -> CheckpointRecord:
+            lock_run(tx, run_id)
+            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch)
+            newest = value(tx.one("SELECT MAX(seq) FROM checkpoints WHERE run_id = %s"
+                                   " AND step = %s", (run_id, step)))
+            if newest is not None and seq <= newest:
+                raise StoreError(
+                    f"checkpoint seq {seq} of step {step!r} in run {run_id!r} does not exceed "
+                    f"the newest recorded seq {newest}; each checkpoint needs a larger seq")
+            t = tx.now()
+            row = tx.one(
+                "INSERT INTO checkpoints (run_id, step, seq, epoch, path, created_at, position,"
+                " nbytes, status) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'committed') RETURNING *",
+                (run_id, step, seq, epoch, path, t, position_json, nbytes))
+            insert_event(tx, run_id, "checkpoint", step=step, actor=Actor.WORKER, t=t,
+                         reason=f"checkpoint {seq} committed",
+                         data={"seq": seq, "epoch": epoch, "path": path, "position": position,
+                                "nbytes": nbytes,
+                                **({} if duration_s is None else {"duration_s": duration_s})})
+            return _checkpoint_record(cast(Any, row))
+
+        return self._write(body)
+
+    def list_checkpoints(self, run_id: str, step: str | None = None, *,
+                         statuses: Collection[str] = ("committed",)) -> list[CheckpointRecord]:
+        """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
+        wanted = sorted(set(statuses))
+
+        def body(tx: Tx) -> list[CheckpointRecord]:
+            rows = tx.all(
+                "SELECT c.* FROM checkpoints c JOIN tasks t ON t.run_id = c.run_id AND t.step = c.step"
+                " WHERE c.run_id = %s AND c.status = ANY(%s) AND (%s::text IS NULL OR c.step = %s)"
+                " ORDER BY t.ord, c.seq DESC", (run_id, wanted, step, step))
+            if not rows:
+                _ = run_row(tx, run_id) if step is None else task_row(tx, run_id, step)
+            return [_checkpoint_record(cast(Any, r)) for r in rows]
+
+        return self._read(body)
+
+    def set_checkpoint_status(self, run_id: str, step: str, seq: int, status: str, *,
+                              actor: str, reason: str) -> None:
+        """Write, READ COMMITTED, under the run's row lock."""
+        if status not in CHECKPOINT_STATUSES:
+            raise ValueError(
+                f"checkpoint status must be one of {sorted(CHECKPOINT_STATUSES)}, not {status!r}")
+
+        def body(tx: Tx) -> None:
+            lock_run(tx, run_id)
+            task_row(tx, run_id, step)
+            row = tx.one("SELECT status FROM checkpoints WHERE run_id = %s AND step = %s"
+                         " AND seq = %s", (run_id, step, seq))
+            if row is None:
+                raise StoreError(f"run {run_id!r} has no checkpoint {seq} of step {step!r}")
+            if row["status"] == status:
+                return
+            t = tx.now()
+            tx.one("UPDATE checkpoints SET status = %s WHERE run_id = %s AND step = %s AND seq = %s"
+                   " RETURNING seq", (status, run_id, step, seq))
+            insert_event(tx, run_id, "checkpoint", step=step, actor=actor, reason=reason, t=t,
+                         from_state=row["status"], to_state=status, data={"seq": seq})
+
+        self._write(body)
+
+    def complete_task(self, run_id: str, step: str, epoch: int, *, output_ref: str | None,
+                      actor: str) -> TaskRecord:
+        """Write, READ COMMITTED: RUNNING -> SUCCEEDED, fenced under the run and task locks."""
+        def body(tx: Tx) -> TaskRecord:
+            lock_run(tx, run_id)
+            row = task_row(tx, run_id, step, lock=True)
+            fence(run_id, step, row, epoch)
+            cur = TaskState(row["state"])
+            check_task(cur, TaskState.SUCCEEDED)  # the table allows it only from RUNNING
+            t = tx.now()
+            new = update_task(tx, run_id, step, {
+                "state": TaskState.SUCCEEDED.value, "output_ref": output_ref,
+                "next_attempt_at": None, "finished_at": t, "updated_at": t, **_NO_ATTEMPT})
+            insert_event(tx, run_id, "task", step=step, actor=actor, t=t, reason="output committed",
+                         from_state=cur, to_state=TaskState.SUCCEEDED,
+                         data={"epoch": epoch, "output_ref": output_ref})
+            return _task_record(cast(Any, new))
+
+        return self._write(body)
+
+    # -- events ----------------------------------------------------------------
+    def append_event(self, run_id: str, kind: str, *, actor: str, reason: str,
+                     step: str | None = None, data: dict[str, Any] | None = None) -> Event:
+        """Write, READ COMMITTED, under the run's row lock (which orders the run's event ids)."""
+        def body(tx: Tx) -> Event:
+            lock_run(tx, run_id)
+            if step is not None:
+                task_row(tx, run_id, step)
+            return insert_event(tx, run_id, kind, step=step, actor=actor, reason=reason,
+                                t=tx.now(), data=data)
+
+        return self._write(body)
+
+    def list_events(self, run_id: str, *, after_id: int = 0,
+                    kinds: Collection[str] | None = None) -> list[Event]:
+        """Read: one statement, one snapshot, no lock. Within a run, ids rise in commit
+        order, so a snapshot that holds an event holds every earlier event of its run."""
+        def body(tx: Tx) -> list[Event]:
+            rows = tx.all(
+                "SELECT * FROM events WHERE run_id = %s AND id > %s"
+                " AND (%s::text[] IS NULL OR kind = ANY(%s::text[])) ORDER BY id",
+                (run_id, after_id, wanted, wanted))
+            if not rows:
+                run_row(tx, run_id)
+            return [event_record(r) for r in rows]
+
+        wanted = None if kinds is None else list(kinds)
+        return self._read(body)

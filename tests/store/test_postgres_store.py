@@ -1,0 +1,463 @@
+"""What the PostgreSQL store must get right beyond the shared contract: writers that
+really run at once (READ COMMITTED), clocks that disagree, events committed late,
+and a server that restarts under it.
+
+Every interleaving is forced with handshakes, never with sleeps: a writer stops
+itself at a fault point (SIGSTOP, seen with ``waitpid(WUNTRACED)``),
+and a writer that must wait for a lock is seen waiting in ``pg_stat_activity``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pgserver
+import pytest
+from _store_helpers import make_run, refusals
+from segue_helpers import VirtualClock
+
+from segue.errors import ControllerConflictError, StoreError
+from segue.states import Actor, RunState, TaskState
+from segue.store.postgres import PostgresStore, is_postgres_url
+from segue.store.postgres_schema import LATEST, MIGRATIONS, Migration, migrate, schema_version
+
+WORKER = Path(__file__).with_name("_store_race_worker.py")
+R, T = RunState, TaskState
+
+
+@pytest.fixture
+def pg(pg_server: pgserver.PgServer | str) -> pgserver.PgServer:
+    if isinstance(pg_server, str):
+        pytest.skip(pg_server)
+    return pg_server
+
+
+@pytest.fixture
+def target(pg: pgserver.PgServer, new_target: Callable[[str], str]) -> str:
+    return new_target("postgres")
+
+
+@pytest.fixture
+def store(target: str) -> Iterator[PostgresStore]:
+    s = PostgresStore(target)
+    yield s
+    s.close()
+
+
+def _sql(url: str, query: str, *args: Any) -> Any:
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(query, args).fetchone()  # type: ignore[arg-type]
+        return None if row is None else row[0]
+
+
+def _db_now(url: str) -> float:
+    return float(_sql(url, "SELECT extract(epoch FROM clock_timestamp())::float8"))
+
+
+def _await_lock_waiters(url: str, n: int = 1, timeout: float = 120) -> None:
+    """Return once ``n`` sessions of the database wait for a lock (a handshake: the
+    condition is polled, the test does not sleep in its place)."""
+    deadline = time.monotonic() + timeout
+    while _sql(url, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND wait_event_type = 'Lock'") < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {n} session(s) came to wait for a lock within {timeout} s")
+        time.sleep(0.01)
+
+
+class Served:
+    """A store in another process, answering one call per line (``serve`` mode)."""
+
+    def __init__(self, target: str, log: Path, pause_at: str = "", **env: str) -> None:
+        env = {**os.environ, **env, "PAUSE_AT": pause_at}
+        self.log = log.open("w")
+        self.p = subprocess.Popen([sys.executable, str(WORKER), "serve", target], env=env, text=True,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log)
+        assert self.p.stdout is not None and self.p.stdin is not None
+        self.out, self.inp = self.p.stdout, self.p.stdin
+        assert self.out.readline().strip() == "ready", log.read_text()
+
+    def send(self, method: str, *args: Any, **kwargs: Any) -> None:
+        self.inp.write(json.dumps([method, args, kwargs]) + "\n")
+        self.inp.flush()
+
+    def reply(self) -> dict[str, Any]:
+        line = self.out.readline()
+        assert line, f"the served store died: {Path(self.log.name).read_text()}"
+        return json.loads(line)
+
+    def ok(self) -> Any:
+        """The reply's value; fails with the error it carries instead."""
+        rep = self.reply()
+        assert "ok" in rep, rep
+        return rep["ok"]
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self.send(method, *args, **kwargs)
+        return self.reply()
+
+    def wait_stopped(self, timeout: float = 120) -> None:
+        """Return once the process has stopped itself at its pause point."""
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.p.pid, os.WUNTRACED | os.WNOHANG)
+            if pid:
+                assert os.WIFSTOPPED(status), f"it exited: {Path(self.log.name).read_text()}"
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"it never reached its pause point within {timeout} s")
+            time.sleep(0.01)
+
+    def cont(self) -> None:
+        os.kill(self.p.pid, signal.SIGCONT)
+
+    def close(self) -> None:
+        if self.p.poll() is None:
+            self.inp.close()
+            try:
+                self.p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.out.close()
+        self.log.close()
+
+
+@pytest.fixture
+def served(target: str, tmp_path: Path) -> Iterator[Callable[..., Served]]:
+    made: list[Served] = []
+
+    def new(pause_at: str = "", **env: str) -> Served:
+        made.append(Served(target, tmp_path / f"served{len(made)}.log", pause_at, **env))
+        return made[-1]
+
+    yield new
+    for s in made:
+        if s.p.poll() is None:
+            s.cont()  # a test that failed may leave one stopped
+        s.close()
+
+
+# -- opening --------------------------------------------------------------------------
+def test_is_postgres_url() -> None:
+    assert is_postgres_url("postgresql://u@h/db") and is_postgres_url("postgres://h/db")
+    assert is_postgres_url("PostgreSQL://h/db")
+    assert not is_postgres_url("/home/u/.segue/segue.db")
+    assert not is_postgres_url(Path("postgresql://h/db")) and not is_postgres_url("sqlite:///x")
+
+
+def test_without_psycopg_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psycopg_pool", None)
+    with pytest.raises(StoreError, match=r"^a PostgreSQL metadata store needs psycopg 3 and "
+                       r"psycopg_pool \(psycopg_pool is missing\); pip install 'segue\[postgres\]'$"):
+        PostgresStore("postgresql://segue@127.0.0.1/x")
+
+
+def test_importing_the_store_package_does_not_import_psycopg() -> None:
+    code = ("import sys, segue.store, segue.store.postgres; "
+            "print(sorted(m for m in sys.modules if m.startswith('psycopg')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_an_unreachable_server_is_a_store_error_without_the_password() -> None:
+    with pytest.raises(StoreError, match=r"^cannot open metadata store "
+                       r"postgresql://segue:\*\*\*@127\.0\.0\.1:1/nope: ") as info:
+        PostgresStore("postgresql://segue:hunter2@127.0.0.1:1/nope")
+    assert "hunter2" not in str(info.value)
+
+
+# -- schema ---------------------------------------------------------------------------
+def test_a_fresh_database_is_migrated_and_reopened(target: str) -> None:
+    store = PostgresStore(target)
+    make_run(store)
+    store.close()
+    assert _sql(target, "SELECT max(version) FROM segue_schema") == LATEST
+    again = PostgresStore(target)
+    assert [r.run_id for r in again.list_runs()] == ["r1"]
+    again.close()
+
+
+def test_a_database_from_a_newer_segue_is_refused(target: str) -> None:
+    PostgresStore(target).close()
+    _sql(target, "INSERT INTO segue_schema VALUES (%s, 'future', 0) RETURNING version", LATEST + 1)
+    with pytest.raises(StoreError, match=rf"^metadata store postgresql://\S+ has schema version "
+                       rf"{LATEST + 1}, newer than this segue supports \({LATEST}\); upgrade segue$"):
+        PostgresStore(target)
+
+
+def test_a_failing_migration_changes_nothing(target: str) -> None:
+    import psycopg
+
+    broken = (*MIGRATIONS, Migration(LATEST + 1, "breaks halfway",
+                                     ("CREATE TABLE extra (x integer)", "THIS IS NOT SQL")))
+    with psycopg.connect(target, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.SyntaxError):
+            migrate(conn, "t", broken)
+        assert schema_version(conn) == 0
+        assert conn.execute("SELECT to_regclass('runs')").fetchone() == (None,)
+        assert migrate(conn, "t") == LATEST
+
+
+# -- fencing between processes ----------------------------------------------------------
+def test_a_fence_check_and_its_write_are_one_transaction(
+    store: PostgresStore, target: str, served: Callable[..., Served]
+) -> None:
+    """A zombie stopped right after its epoch check still holds the task: the takeover
+    waits for it, so the check cannot go stale before the write lands."""
+    make_run(store)
+    assert store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch == 1
+    zombie = served("store.fence_checked")
+    zombie.send("commit_checkpoint", "r1", "train", 1, seq=1, path="c/1", position=None, nbytes=1)
+    zombie.wait_stopped()
+    detector, took_over = PostgresStore(target), []
+
+    def take_over() -> None:
+        detector.transition_task("r1", "train", T.PENDING, actor=Actor.FAILURE_DETECTOR,
+                                 reason="lease expired", only_from={T.RUNNING})
+        took_over.append(detector.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER))
+
+    thread = threading.Thread(target=take_over)
+    thread.start()
+    _await_lock_waiters(target)  # the takeover waits for the zombie's lock...
+    zombie.cont()
+    assert zombie.ok()["epoch"] == 1  # ...which commits what it checked
+    thread.join()
+    detector.close()
+    assert took_over[0].epoch == 2
+    log = [(e.kind, e.to_state, e.data.get("epoch")) for e in store.list_events("r1")]
+    assert log[-3:] == [("checkpoint", None, 1), ("task", "PENDING", 1), ("task", "RUNNING", 2)]
+    # From now on the zombie is refused, and the refusal is on record.
+    assert zombie.call("commit_checkpoint", "r1", "train", 1, seq=2, path="c/2", position=None,
+                       nbytes=1)["error"] == "FencedError"
+    assert [e.data for e in refusals(store)] == [{"epoch": 1, "current": 2}]
+
+
+def test_a_frozen_writer_does_not_hold_its_run_for_ever(
+    store: PostgresStore, served: Callable[..., Served]
+) -> None:
+    """The server ends a session idle in its transaction; the takeover then goes
+    ahead, and the writer, thawed, runs its write again and is fenced."""
+    make_run(store)
+    store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    zombie = served("store.fence_checked", IDLE_IN_TX_TIMEOUT_S="0.5")
+    zombie.send("commit_checkpoint", "r1", "train", 1, seq=1, path="c/1", position=None, nbytes=1)
+    zombie.wait_stopped()  # frozen, holding the run's and the task's locks
+    # These wait for the locks until the server ends the frozen session (no sleep here).
+    store.transition_task("r1", "train", T.PENDING, actor=Actor.FAILURE_DETECTOR,
+                          reason="lease expired", only_from={T.RUNNING})
+    assert store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch == 2
+    zombie.cont()
+    assert zombie.reply()["error"] == "FencedError"
+    assert store.list_checkpoints("r1") == []
+    assert [e.data for e in refusals(store)] == [{"epoch": 1, "current": 2}]
+
+
+def test_racing_fenced_writes_after_an_epoch_bump(
+    store: PostgresStore, served: Callable[..., Served]
+) -> None:
+    """Two zombies (epoch 1) and two holders of epoch 2 race to complete the task,
+    released together: exactly one wins each round; every zombie write is refused."""
+    rounds = 8
+    for i in range(rounds):
+        make_run(store, f"r{i}")
+        store.start_attempt(f"r{i}", "train", ttl_s=60, actor=Actor.CONTROLLER)
+        store.transition_task(f"r{i}", "train", T.PENDING, actor=Actor.FAILURE_DETECTOR,
+                              reason="lease expired")
+        assert store.start_attempt(f"r{i}", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch == 2
+    racers = [(served(), 1), (served(), 1), (served(), 2), (served(), 2)]
+    outcomes: dict[str, int] = {}
+    for i in range(rounds):
+        for racer, epoch in racers:  # every racer is idle on its stdin: the lines go out together
+            racer.send("complete_task", f"r{i}", "train", epoch, output_ref=f"out-{epoch}",
+                       actor=Actor.WORKER)
+        replies = [(epoch, racer.reply()) for racer, epoch in racers]
+        for epoch, rep in replies:
+            key = f"{epoch}:{rep.get('error', 'won')}"
+            outcomes[key] = outcomes.get(key, 0) + 1
+        task = store.get_task(f"r{i}", "train")
+        assert (task.state, task.output_ref, task.epoch) == (T.SUCCEEDED, "out-2", 2)
+        wins = [e for e in store.list_events(f"r{i}") if e.to_state == "SUCCEEDED"]
+        assert len(wins) == 1
+        assert [e.data for e in refusals(store, f"r{i}")] == [{"epoch": 1, "current": 2}] * 2
+    assert outcomes == {"2:won": rounds, "2:IllegalTransitionError": rounds,
+                        "1:FencedError": 2 * rounds}
+
+
+# -- the database's clock -----------------------------------------------------------------
+@pytest.mark.parametrize("skew", [300.0, -300.0])
+def test_leases_follow_the_database_clock_not_the_clients(
+    store: PostgresStore, target: str, monkeypatch: pytest.MonkeyPatch, skew: float
+) -> None:
+    make_run(store, "live")
+    make_run(store, "dead")
+    store.acquire_controller("live", pid=1, host="a", ttl_s=60)
+    store.acquire_controller("dead", pid=1, host="a", ttl_s=-1)  # expired when it was taken
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + skew)
+    # A client clock 300 s ahead must not take a live lease...
+    with pytest.raises(ControllerConflictError):
+        store.acquire_controller("live", pid=2, host="b", ttl_s=60)
+    # ...and one 300 s behind must not keep a dead one alive.
+    before = _db_now(target)
+    assert store.acquire_controller("dead", pid=2, host="b", ttl_s=60) == 2
+    task = store.start_attempt("dead", "train", ttl_s=30, actor=Actor.CONTROLLER)
+    after = _db_now(target)
+    # The leases it writes are the database's time plus the ttl, whatever the client's says.
+    lease = store.get_run("dead").controller_lease_until
+    assert lease is not None and before + 60 <= lease <= after + 60
+    assert task.lease_until is not None and before + 30 <= task.lease_until <= after + 30
+
+
+def test_the_clock_offset_moves_leases_for_tests(target: str) -> None:
+    offset = [0.0]
+    store = PostgresStore(target, clock_offset=lambda: offset[0])
+    make_run(store)
+    store.acquire_controller("r1", pid=1, host="h", ttl_s=10)
+    offset[0] = 10.5  # virtual time: the lease is over without anyone sleeping
+    before = _db_now(target)
+    assert store.acquire_controller("r1", pid=2, host="h2", ttl_s=10) == 2
+    after = _db_now(target)
+    lease = store.get_run("r1").controller_lease_until
+    assert lease is not None and before + 20.5 <= lease <= after + 20.5
+    store.close()
+
+
+def test_the_clock_file_moves_time_for_every_process(
+    target: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = VirtualClock(tmp_path / "clock")
+    monkeypatch.setenv("SEGUE_CLOCK_FILE", str(clock.path))
+    clock.advance(3600)
+    store = PostgresStore(target)
+    make_run(store)
+    store.acquire_controller("r1", pid=1, host="h", ttl_s=60)
+    lease = store.get_run("r1").controller_lease_until
+    assert lease is not None and lease > _db_now(target) + 3600
+    store.close()
+
+
+# -- events ---------------------------------------------------------------------------------
+def test_paging_by_id_never_skips_an_event_committed_late(
+    store: PostgresStore, target: str, served: Callable[..., Served]
+) -> None:
+    make_run(store, "r1")
+    make_run(store, "r2")
+    cursor = store.list_events("r1")[-1].id
+    late = served("store.before_commit")
+    late.send("append_event", "r1", "note", actor=Actor.API, reason="late")
+    late.wait_stopped()  # its event is inserted and its id drawn; COMMIT is not sent
+    # A writer of another run is not held up: it draws a larger id and commits first.
+    other = store.append_event("r2", "note", actor=Actor.API, reason="other run")
+    # A writer of the same run waits for the run's lock, so it cannot overtake.
+    second, appended = PostgresStore(target), []
+    thread = threading.Thread(target=lambda: appended.append(
+        second.append_event("r1", "note", actor=Actor.API, reason="second")))
+    thread.start()
+    _await_lock_waiters(target)
+    assert store.list_events("r1", after_id=cursor) == []  # nothing is committed yet
+    late.cont()
+    late_id = late.ok()["id"]
+    thread.join()
+    second.close()
+    page = store.list_events("r1", after_id=cursor)
+    assert [(e.reason, e.id) for e in page] == [("late", late_id), ("second", appended[0].id)]
+    assert late_id < other.id < appended[0].id  # across runs, id order is not commit order
+
+
+# -- a server that goes away ---------------------------------------------------------------
+def _transitions(store: PostgresStore, run_id: str = "r1") -> list[tuple[str, str | None, str | None]]:
+    return [(e.kind, e.from_state, e.to_state) for e in store.list_events(run_id)
+            if e.kind in ("run", "task")]
+
+
+def test_a_server_restart_mid_sequence(store: PostgresStore, pg: pgserver.PgServer) -> None:
+    make_run(store, steps=["train"])
+    ce = store.acquire_controller("r1", pid=1, host="h", ttl_s=60)
+    store.transition_run("r1", R.RUNNING, actor=Actor.CONTROLLER, reason="go", controller_epoch=ce)
+    e = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch
+    pg.restart()  # a crash: every pooled connection is dead
+    assert store.heartbeat("r1", "train", e, ttl_s=60).run_state is R.RUNNING
+    store.commit_checkpoint("r1", "train", e, seq=1, path="c/1", position=None, nbytes=1)
+    pg.restart()
+    store.complete_task("r1", "train", e, output_ref="out", actor=Actor.WORKER)
+    store.renew_controller("r1", ce, ttl_s=60)
+    store.transition_run("r1", R.SUCCEEDED, actor=Actor.CONTROLLER, reason="done", controller_epoch=ce)
+    assert _transitions(store) == [
+        ("run", None, "PENDING"), ("run", "PENDING", "RUNNING"), ("task", "PENDING", "RUNNING"),
+        ("task", "RUNNING", "SUCCEEDED"), ("run", "RUNNING", "SUCCEEDED"),
+    ]
+    assert [c.seq for c in store.list_checkpoints("r1")] == [1]
+
+
+def test_a_write_cut_off_by_a_crash_before_commit_is_applied_once(
+    store: PostgresStore, pg: pgserver.PgServer, served: Callable[..., Served]
+) -> None:
+    make_run(store)
+    writer = served("store.before_commit")
+    writer.send("start_attempt", "r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    writer.wait_stopped()  # the transaction is written, not committed
+    pg.restart()  # the server crashes under it
+    writer.cont()  # its COMMIT fails; the probe finds no marker; it runs again
+    assert writer.ok()["epoch"] == 1
+    assert store.get_task("r1", "train").epoch == 1
+    assert _transitions(store).count(("task", "PENDING", "RUNNING")) == 1
+
+
+def _lose_commit(store: PostgresStore, monkeypatch: pytest.MonkeyPatch, before: Callable[[Any], None],
+                 after: Callable[[Any], None]) -> None:
+    """The next COMMIT of ``store`` runs ``before``, is sent, then runs ``after``."""
+    real = store._finish
+    armed = [True]
+
+    def finish(conn: Any, sql: str) -> None:
+        if sql != "COMMIT" or not armed[0]:
+            return real(conn, sql)
+        armed[0] = False
+        before(conn)
+        real(conn, sql)
+        after(conn)
+
+    monkeypatch.setattr(store, "_finish", finish)
+
+
+def test_a_commit_whose_answer_was_lost_is_not_applied_twice(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    make_run(store)
+
+    def lose_answer(conn: Any) -> None:  # it committed, but the client never heard back
+        conn.close()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    _lose_commit(store, monkeypatch, lambda conn: None, lose_answer)
+    rec = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    assert rec.epoch == 1 and store.get_task("r1", "train") == rec
+    assert _transitions(store).count(("task", "PENDING", "RUNNING")) == 1
+
+
+def test_a_commit_cut_off_before_the_server_got_it_is_retried(
+    store: PostgresStore, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make_run(store)
+
+    def terminate(conn: Any) -> None:  # the session ends (and rolls back) before COMMIT arrives
+        assert _sql(target, "SELECT pg_terminate_backend(%s, 60000)", conn.info.backend_pid)
+
+    _lose_commit(store, monkeypatch, terminate, lambda conn: None)
+    rec = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    assert rec.epoch == 1 and store.get_task("r1", "train") == rec
+    assert _transitions(store).count(("task", "PENDING", "RUNNING")) == 1
