@@ -20,6 +20,9 @@ from segue_helpers import FLOWS, Segue
 _SESSION_POOL = tempfile.mkdtemp(prefix="segue-test-pool-")
 atexit.register(shutil.rmtree, _SESSION_POOL, True)
 os.environ["SEGUE_POOL"] = str(Path(_SESSION_POOL) / "pool.db")
+# Likewise a metadata store named in the shell: tests' homes use SQLite unless a
+# test gives them a throwaway database (tests/store/test_postgres_home.py).
+os.environ.pop("SEGUE_STORE", None)
 
 
 # The longest modules start first: with two xdist workers, a long test that
@@ -94,21 +97,6 @@ def s3_endpoint() -> Iterator[str]:
         server.stop()
 
 
-def s3_bucket(endpoint: str) -> tuple[str, dict[str, str]]:
-    """A fresh bucket on ``endpoint``: its name, and the environment a segue process
-    needs to reach it (as a user would set for any S3-compatible server)."""
-    import uuid
-
-    import boto3
-
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_ENDPOINT_URL": endpoint, "AWS_DEFAULT_REGION": "us-east-1"}
-    bucket = f"segue-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
-                 aws_secret_access_key="testing", region_name="us-east-1").create_bucket(Bucket=bucket)
-    return bucket, env
-
-
 @pytest.fixture(scope="session")
 def counter_ref(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dict[str, Any]]:
     """Outputs of uninterrupted runs of the counter flow, by its parameter n (cached)."""
@@ -119,6 +107,7 @@ def counter_ref(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dic
             # A fresh home per try: a reference run cut short (a timeout in the test
             # that asked first) must not make every later test fail with "exists".
             s = Segue(tmp_path_factory.mktemp(f"ref{n}-") / "home")
+            s.env.pop("SEGUE_STORE", None)  # the reference is an SQLite run, whoever asks
             run = f"ref{n}"
             s("run", str(FLOWS / "counter.py"), "--run-id", run, "-p", f"n={n}", "-p", "sleep=0",
               check=True)

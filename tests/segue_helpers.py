@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from unittest import mock
 
 FLOWS = Path(__file__).parent / "flows"
 T = TypeVar("T")
@@ -56,7 +57,12 @@ class Segue:
         from segue.home import Home
 
         home = Home.resolve(self.home)
-        store = home.open_store()
+        # The store this CLI's processes use: $SEGUE_STORE as in self.env, not this process's.
+        with mock.patch.dict(os.environ, clear=False):
+            os.environ.pop("SEGUE_STORE", None)
+            if self.env.get("SEGUE_STORE"):
+                os.environ["SEGUE_STORE"] = self.env["SEGUE_STORE"]
+            store = home.open_store()
         ref = store.get_task(run_id, step).output_ref
         return ckpt.load(home.run_storage(store.get_run(run_id)), ref).state["value"]
 

@@ -2,7 +2,8 @@
 
 Layout::
 
-    HOME/segue.db                      metadata store (SQLite, WAL)
+    HOME/segue.db                      metadata store (SQLite, WAL), unless one is configured:
+    HOME/config.json                   {"store": "postgresql://..."} (or $SEGUE_STORE, --store)
     HOME/data/runs/RUN/STEP/ckpt/SEQ-eEPOCH/   checkpoints (MANIFEST.json last); a run
                                        started with --checkpoints URL keeps runs/... there
     HOME/data/runs/RUN/STEP/output-eEPOCH/     committed step outputs
@@ -70,7 +71,13 @@ class Home:
         return d
 
     def exists(self) -> bool:
-        return self.db_path.exists()
+        """Whether the home has a store: its segue.db, or a configured database (which
+        another machine may have filled: a fresh home directory still sees its runs)."""
+        if self.db_path.exists():
+            return True
+        from .store import store_url
+
+        return store_url(self.root) is not None
 
     def ensure(self) -> Path:
         """Create the home private to its owner (0700), or make an existing one so.

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import s3_bucket
+from s3kit import s3_bucket
 from segue_helpers import FLOWS, Segue
 
 COUNTER = str(FLOWS / "counter.py")

@@ -46,7 +46,7 @@ def test_kill_at_each_commit_phase(segue: Segue, counter_ref: Any, fault: str, w
            "SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
     extra: tuple[str, ...] = ()
     if where == "s3":
-        from conftest import s3_bucket
+        from s3kit import s3_bucket
 
         bucket, aws = s3_bucket(request.getfixturevalue("s3_endpoint"))
         env.update(aws)
@@ -96,7 +96,7 @@ def test_corrupt_newest_checkpoint_is_quarantined(segue: Segue, counter_ref: Any
     run = "corrupt"
     env, extra = {}, ()
     if where == "s3":
-        from conftest import s3_bucket
+        from s3kit import s3_bucket
 
         bucket, env = s3_bucket(request.getfixturevalue("s3_endpoint"))
         for k, v in env.items():

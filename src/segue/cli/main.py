@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", help="state directory (default $SEGUE_HOME or ./.segue)")
     p.add_argument("--pool", help="the host's device pool database, shared by every home "
                                   "(default $SEGUE_POOL, see README)")
+    p.add_argument("--store", metavar="URL",
+                   help="the home's metadata store: postgresql://USER@HOST[:PORT]/DB "
+                        "(default $SEGUE_STORE, else HOME/config.json's \"store\", else SQLite "
+                        "in HOME/segue.db)")
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="start a run of FLOW.py")
@@ -295,6 +299,12 @@ def one_line(message: str) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     try:
         a = build_parser().parse_args(argv)
+        if a.store is not None:
+            # Exported, so that everything the command starts (controllers,
+            # workers, verify sandboxes) opens the same store.
+            from ..store import STORE_ENV, check_store_url
+
+            os.environ[STORE_ENV] = check_store_url(a.store, "--store")
         # Everything the command starts (controllers, verify sandboxes) is given
         # this home and this pool explicitly.
         client = LocalClient(a.home, pool=a.pool, actor=Actor.CLI)

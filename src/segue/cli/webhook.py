@@ -67,8 +67,10 @@ def cmd_webhook(a: argparse.Namespace, client: LocalClient) -> int:
 
 
 def _outbox(client: LocalClient) -> Any:
+    from ..store import sqlite_only
     from ..store.outbox import SQLiteOutbox
 
+    sqlite_only(client.home.root, "webhooks")
     client.home.ensure()  # the database file with its private mode; SQLiteOutbox migrates it
     return SQLiteOutbox(client.home.db_path)
 

@@ -79,6 +79,9 @@ class Pump:
     @property
     def outbox(self) -> SQLiteOutbox:
         if self._box is None:
+            from ..store import sqlite_only
+
+            sqlite_only(self.home.root, "the webhook outbox")  # events of every run, paged by id
             self._box = SQLiteOutbox(self.home.db_path, clock=self.clock)
         return self._box
 

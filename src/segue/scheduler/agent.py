@@ -43,7 +43,7 @@ log = logging.getLogger("segue.scheduler")
 REFRESH_S = 0.5  # how often a waiting request is re-announced (it has a lease)
 MIN_PREEMPT_TTL_S = 5.0  # how long a preemption request waits for the victim's controller
 
-# The home store as the scheduler uses it (SQLiteStore): the Store contract plus
+# The home store as the scheduler uses it (SQLiteStore or PostgresStore): the Store contract plus
 # run statistics, the local view of waiting requests and start_placed_attempt.
 SchedStore = Any
 
@@ -496,11 +496,18 @@ class RunScheduler:
 
 
 def _open_home_store(home: str) -> Any:
-    """Another home's store, or None if it is gone or not ours to open."""
-    from ..store import SQLiteStore
+    """Another home's store, or None if it is gone or not ours to open. The backend is
+    chosen as for any home (segue.store.store_url): PostgreSQL when configured, else
+    the home's segue.db if it exists."""
+    from ..store import SQLiteStore, store_url
 
     db = Path(home) / "segue.db"
     try:
+        url = store_url(Path(home))
+        if url is not None:
+            from ..store.postgres import PostgresStore
+
+            return PostgresStore(url, home=home)
         if not db.is_file():
             return None
         return SQLiteStore(db)

@@ -166,6 +166,11 @@ class StoreCollector(Collector):
         self._lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
+        from ..store import sqlite_only
+
+        # Not silently zero on a PostgreSQL home: the reader pages over every run's
+        # events by id, which is commit order only on SQLite (docs/ARCHITECTURE.md).
+        sqlite_only(self.home.root, "the /metrics figures of the home")
         with self._lock:  # one scrape folds the log at a time; the tally is shared
             if self.home.exists():
                 upto = self.reader.last_event_id()

@@ -1,13 +1,19 @@
 """The metadata store: the interface, its records, and the backends.
 
 ``open_store(home)`` is how the rest of segue gets a store; backends are
-chosen here and nowhere else.
+chosen here and nowhere else (:func:`store_url`): ``$SEGUE_STORE`` (the CLI's
+``--store URL`` exports it), else the ``store`` key of ``HOME/config.json``,
+else SQLite in ``HOME/segue.db``. A URL must be ``postgresql://`` (or
+``postgres://``); anything else is a UsageError.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
+from ..errors import StoreError, UsageError
 from .base import (
     CheckpointRecord,
     Event,
@@ -28,14 +34,72 @@ __all__ = [
     "SQLiteStore",
     "Store",
     "TaskRecord",
+    "STORE_ENV",
+    "check_store_url",
     "open_store",
+    "sqlite_only",
+    "store_url",
 ]
 
 DB_NAME = "segue.db"
+STORE_ENV = "SEGUE_STORE"
+CONFIG_NAME = "config.json"
+ACCEPTED = "postgresql://USER@HOST[:PORT]/DB (or postgres://...)"
+
+
+def check_store_url(url: str, where: str) -> str:
+    """``url`` if it names a store segue can open; else a one-line UsageError
+    (the URL's password is never echoed)."""
+    from .postgres import _label, is_postgres_url
+
+    if not is_postgres_url(url):
+        shown = _label(url) if "://" in url else url
+        raise UsageError(f"{where}: unsupported metadata store {shown!r}; use {ACCEPTED}, "
+                         f"or leave it unset for SQLite in HOME/{DB_NAME}")
+    return url
+
+
+def store_url(home: Path) -> str | None:
+    """The PostgreSQL URL a home's metadata lives at, or None for its SQLite file."""
+    env = os.environ.get(STORE_ENV, "")
+    if env:
+        return check_store_url(env, f"${STORE_ENV}")
+    cfg = Path(home) / CONFIG_NAME
+    try:
+        text = cfg.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise UsageError(f"cannot read {cfg} ({e.strerror})") from None
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise UsageError(f"{cfg} is not valid JSON ({e})") from None
+    url = doc.get("store") if isinstance(doc, dict) else None
+    if url in (None, ""):
+        return None
+    if not isinstance(url, str):
+        raise UsageError(f"{cfg}: \"store\" must be a string; use {ACCEPTED}")
+    return check_store_url(url, str(cfg))
 
 
 def open_store(home: Path) -> Store:
     """Open (creating if needed) the metadata store of a segue home directory."""
     home = Path(home)
     home.mkdir(parents=True, exist_ok=True)
+    url = store_url(home)
+    if url is not None:
+        from .postgres import PostgresStore
+
+        return PostgresStore(url, home=str(home))
     return SQLiteStore(home / DB_NAME)
+
+
+def sqlite_only(home: Path, what: str) -> None:
+    """StoreError unless the home's metadata is in SQLite: ``what`` is not ported yet."""
+    url = store_url(home)
+    if url is not None:
+        from .postgres import _label
+
+        raise StoreError(f"{what} needs the SQLite metadata store; this home uses "
+                         f"{_label(url)}, where it is not supported yet")

@@ -18,7 +18,8 @@ from its single writer is taken explicitly here:
   run's row lock, so within a run ids rise in commit order and a reader
   paging by ``after_id`` never skips an event committed late. Across runs,
   id order is not commit order: a reader that pages over every run by id
-  (the /metrics reader and the webhook outbox do, on SQLite) needs another cursor.
+  (the /metrics reader and the webhook outbox do, on SQLite) needs another cursor;
+  until they have one they refuse a PostgreSQL home (docs/ARCHITECTURE.md).
 - **Retries.** A transaction cut off by a lost connection is retried (a few
   times, with backoff) when it surely did not commit: it failed before
   COMMIT was sent, or was a deadlock or serialization failure. When the
@@ -65,6 +66,7 @@ from .base import (
     TaskRecord,
     _clock_offset,
 )
+from .postgres_extras import PostgresPoolMixin, start_attempt_in
 from .postgres_schema import (
     Tx,
     event_record,
@@ -142,15 +144,18 @@ class _Transient(Exception):
     """A try that surely did not commit and may be run again (the cause is chained)."""
 
 
-class PostgresStore(Store):
+class PostgresStore(PostgresPoolMixin, Store):
     """A :class:`Store` in a PostgreSQL database. Picklable: it travels as its URL.
+    The scheduling extras (stats, requests, placed starts) come from
+    :class:`~segue.store.postgres_extras.PostgresPoolMixin`.
 
     One connection pool per process (rebuilt after fork), shared by its threads.
     """
 
     def __init__(self, url: str, *, clock_offset: Callable[[], float] | None = None,
-                 max_connections: int = 8) -> None:
+                 max_connections: int = 8, home: str = "") -> None:
         self.url = url
+        self.home = home  # the segue home it serves ("": none), named in RequestRecords
         self._psycopg, self._pool_mod = _import_psycopg()
         self._offset = clock_offset or _env_offset
         self._max = max_connections
@@ -161,7 +166,7 @@ class PostgresStore(Store):
         self._migrate()  # fail now on a bad URL or a too-new schema, not at the first query
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.url,))
+        return (type(self), (self.url,), {"home": self.home})
 
     def __repr__(self) -> str:
         return f"PostgresStore({_label(self.url)!r})"
@@ -573,25 +578,7 @@ class PostgresStore(Store):
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         """Write, READ COMMITTED: run then task row locked, so two starters get
         distinct epochs and the second is refused by the state it then sees."""
-        def body(tx: Tx) -> TaskRecord:
-            lock_run(tx, run_id)
-            row = task_row(tx, run_id, step, lock=True)
-            cur = TaskState(row["state"])
-            check_task(cur, TaskState.RUNNING)  # allowed only from PENDING and RETRYING
-            t = tx.now()
-            epoch, attempts = int(row["epoch"]) + 1, int(row["attempts"]) + 1
-            new = update_task(tx, run_id, step, {
-                "state": TaskState.RUNNING.value, "epoch": epoch, "attempts": attempts,
-                "pid": None, "host": None, "lease_until": t + ttl_s, "next_attempt_at": None,
-                "started_at": row["started_at"] if row["started_at"] is not None else t,
-                "finished_at": None, "updated_at": t,
-            })
-            insert_event(tx, run_id, "task", step=step, actor=actor, t=t,
-                         reason=f"attempt {attempts} started", from_state=cur,
-                         to_state=TaskState.RUNNING, data={"epoch": epoch, "attempt": attempts})
-            return _task_record(cast(Any, new))
-
-        return self._write(body)
+        return self._write(lambda tx: start_attempt_in(tx, run_id, step, ttl_s=ttl_s, actor=actor))
 
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
         """Write, READ COMMITTED, fenced under the task's row lock."""

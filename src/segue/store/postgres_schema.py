@@ -138,7 +138,40 @@ _V1 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1,)
+# The home's side of scheduling (postgres_extras.py, as sqlite_pool.py for SQLite):
+# the local view of waiting requests, and run statistics.
+_V2 = Migration(
+    2,
+    "waiting requests (local view), run statistics",
+    (
+        """
+        CREATE TABLE requests (
+            run_id text NOT NULL,
+            step text NOT NULL,
+            host text NOT NULL,
+            priority integer NOT NULL,
+            gpus integer NOT NULL,
+            gpu_memory bigint,
+            cpus double precision NOT NULL,
+            memory bigint NOT NULL,
+            submitted_at double precision NOT NULL,
+            reason text NOT NULL,
+            lease_until double precision NOT NULL,
+            PRIMARY KEY (run_id, step)
+        )
+        """,
+        """
+        CREATE TABLE run_stats (
+            run_id text NOT NULL,
+            key text NOT NULL,
+            value double precision NOT NULL,
+            PRIMARY KEY (run_id, key)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
 LATEST = MIGRATIONS[-1].version
 
 _VERSION_TABLE = """
