@@ -19,14 +19,15 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(pred: Callable[[], T], timeout: float = 120.0, poll: float = 0.002) -> T:
+def wait_until(pred: Callable[[], T], timeout: float = 120.0, poll: float = 0.002,
+               what: str = "benchmark condition") -> T:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         v = pred()
         if v:
             return v
         time.sleep(poll)
-    raise TimeoutError("benchmark condition not reached")
+    raise TimeoutError(f"{what} not reached within {timeout:g}s")
 
 
 def started(probe: Path, epoch: int) -> dict | None:

@@ -58,13 +58,8 @@ def _done(env: dict[str, str], run: str) -> float:
 
 
 def _wait(pred: Any, timeout: float, what: str) -> Any:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
+    # Each poll runs the CLI: poll at 20 Hz, not the probe's default 500 Hz.
+    return pb.wait_until(pred, timeout, poll=0.05, what=what)
 
 
 def _workers(env: dict[str, str], run: str) -> int:
@@ -99,8 +94,7 @@ def one_side(tmp: Path, side: str, n: int, delay: float, urgent_n: int) -> dict[
     submitted = time.time()  # the probe's start time is wall time too
     _segue(env, "run", str(URGENT), "--detach", "--run-id", "urgent", "--priority", "urgent",
            "-p", f"n={urgent_n}", "-p", "tick=0.01", "-p", f"probe_dir={probe}")
-    started = _wait(lambda: (probe / "started-1").exists() and json.loads(
-        (probe / "started-1").read_text())["t"], 300, "the urgent run to start")
+    started = _wait(lambda: (pb.started(probe, 1) or {}).get("t"), 300, "the urgent run to start")
     to_device = started - submitted
     u0 = _done(env, "batch")
     ut0 = time.monotonic()

@@ -293,12 +293,10 @@ class ParallelMapRun(MapRun):
         if running:
             self._barrier(retire=running)  # they publish what it covers and exit
         for i in slots:
-            if i in self.starting:
-                self.starting.pop(i)  # not opened yet: nothing of it is committed
-                self.pool.remove(i)
-            else:
-                self.live.pop(i, None)
-                self.pool.remove(i)
+            # A starting one had not opened its sinks: nothing of it is committed.
+            self.starting.pop(i, None)
+            self.live.pop(i, None)
+            self.pool.remove(i)
             self.idle[i] = True
         self.scaler.shrink(devices)
         self._scaled("down", slots, tuple(devices), why)
