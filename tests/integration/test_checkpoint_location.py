@@ -39,3 +39,26 @@ def test_an_absolute_path_holds_checkpoints_and_outputs(segue: Segue, tmp_path: 
     assert (where / "runs" / "p" / "count").is_dir()
     assert not (segue.home / "data" / "runs" / "p").exists()
     assert not list(where.glob(".segue-probe-*"))  # the submit probe was removed
+
+
+def test_object_storage_retries_leave_the_global_random_stream_alone(
+        s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore draws retry jitter from Python's global random; once segue opens S3
+    storage, its retries draw from a private generator, so a step's random stream does
+    not move when a checkpoint write is retried (segue._rngshield)."""
+    import random
+
+    bucket, env = s3_bucket(s3_endpoint)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    from segue.home import storage_at
+
+    storage_at(f"s3://{bucket}/ck")
+    import botocore.retries.standard as standard
+    import botocore.retryhandler as legacy
+
+    random.seed(3)
+    before = random.getstate()
+    delay = standard.ExponentialBackoff().delay_amount(standard.RetryContext(attempt_number=3))
+    assert 0 <= delay <= 4 and legacy.delay_exponential(base="rand", growth_factor=2, attempts=3) >= 0
+    assert random.getstate() == before

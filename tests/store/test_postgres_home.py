@@ -204,6 +204,39 @@ def test_sigkill_of_worker_and_controller_then_resume(pg_segue: Segue, counter_r
     _assert_counter_output(pg_segue, run, counter_ref(150), 150)
 
 
+def test_server_restarts_mid_run_lose_nothing_and_repeat_no_transition(
+        pg_segue: Segue, counter_ref: Any, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """The database server crashes and restarts twice under a live run (controller and
+    worker connected, committing): the run rides it out and ends bit-identical, and the
+    event log shows every transition once."""
+    server = request.getfixturevalue("pg_server")
+    run = "restart"
+    hold = tmp_path / "hold"
+    _held_run(pg_segue, run, hold)
+    store = Home.resolve(pg_segue.home).open_store()
+    for _ in range(2):
+        seq = store.list_checkpoints(run, "count")[0].seq
+        server.restart()  # immediate: as a crash, every session cut off
+        wait_for(lambda seq=seq: store.list_checkpoints(run, "count")[0].seq > seq, 120,
+                 "a checkpoint committed after the restart")
+    hold.touch()
+    doc = pg_segue.wait_state(run, {"SUCCEEDED", "FAILED", "PAUSED"}, 300)
+    assert doc["state"] == "SUCCEEDED", doc
+    # Bit-identical: the store's reconnections drew no jitter from the step's global random
+    # stream (they did, through psycopg_pool, before segue._rngshield).
+    _assert_counter_output(pg_segue, run, counter_ref(150), 150)
+    events = pg_segue.events(run)
+    runs = [(e["from_state"], e["to_state"]) for e in events if e["kind"] == "run"]
+    assert runs == [(None, "PENDING"), ("PENDING", "RUNNING"), ("RUNNING", "SUCCEEDED")], runs
+    count = [(e["from_state"], e["to_state"], e["data"].get("epoch")) for e in events
+             if e["kind"] == "task" and e.get("step") == "count"]
+    assert len(count) == len(set(count)), count  # no transition applied twice
+    seqs = [e["data"]["seq"] for e in events if e["kind"] == "checkpoint" and e.get("step") == "count"
+            and e["reason"] == f"checkpoint {e['data'].get('seq')} committed"]
+    assert len(seqs) == len(set(seqs)), seqs  # no checkpoint recorded twice
+    store.close()
+
+
 def test_pause_and_resume_through_the_cli(pg_segue: Segue, counter_ref: Any, tmp_path: Path) -> None:
     run = "pz"
     hold = tmp_path / "hold"

@@ -401,6 +401,22 @@ def test_a_server_restart_mid_sequence(store: PostgresStore, pg: pgserver.PgServ
     assert [c.seq for c in store.list_checkpoints("r1")] == [1]
 
 
+def test_reconnections_leave_the_global_random_stream_alone(store: PostgresStore,
+                                                           pg: pgserver.PgServer) -> None:
+    """psycopg_pool draws jitter for every connection it opens; a step's random stream
+    must not move when the store reconnects (segue._rngshield gives the pool its own)."""
+    import random
+
+    make_run(store)
+    random.seed(5)
+    before = random.getstate()
+    pg.restart()  # every pooled connection is dead: the next calls open new ones
+    make_run(store, "r2")
+    store.close()  # and a new pool
+    assert store.get_run("r2").run_id == "r2"
+    assert random.getstate() == before
+
+
 def test_a_write_cut_off_by_a_crash_before_commit_is_applied_once(
     store: PostgresStore, pg: pgserver.PgServer, served: Callable[..., Served]
 ) -> None:

@@ -250,6 +250,32 @@ def test_expired_controller_lease_can_be_taken(store: Store, ttl: float) -> None
     assert store.acquire_controller("r1", pid=222, host="h2", ttl_s=30) == 2
 
 
+def test_hand_over_takes_a_live_claim_only_at_its_epoch(store: Store) -> None:
+    """A host agent claims a run (epoch 1) and starts a controller that takes the claim
+    over with expect_epoch=1; a claim that somebody superseded is refused, writing nothing."""
+    make_run(store)
+    claim = store.acquire_controller("r1", pid=111, host="agent-b", ttl_s=30)
+    assert store.acquire_controller("r1", pid=222, host="agent-b", ttl_s=30, expect_epoch=claim) == 2
+    rec = store.get_run("r1")
+    assert (rec.controller_epoch, rec.controller_pid) == (2, 222) and rec.controller_alive(store.now())
+    before = snapshot(store)
+    with pytest.raises(
+        ControllerConflictError,
+        match=r"^run 'r1' was claimed with controller epoch 1, but epoch 2 \(pid 222 on host agent-b\) "
+        r"took it since; this controller stands down$",
+    ):
+        store.acquire_controller("r1", pid=333, host="agent-c", ttl_s=30, expect_epoch=claim)
+    assert snapshot(store) == before
+
+
+def test_store_now_is_the_clock_leases_are_stamped_with(store: Store) -> None:
+    make_run(store)
+    t0 = store.now()
+    store.acquire_controller("r1", pid=111, host="h1", ttl_s=30)
+    lease = store.get_run("r1").controller_lease_until
+    assert t0 + 30 - 0.5 <= lease <= store.now() + 30 + 0.5
+
+
 def test_renew_controller_extends_and_is_fenced(store: Store) -> None:
     make_run(store)
     e1 = store.acquire_controller("r1", pid=111, host="h1", ttl_s=1)
@@ -572,3 +598,40 @@ def test_append_event_to_unknown_step(store: Store) -> None:
     make_run(store)
     with pytest.raises(StoreError, match=r"^run 'r1' has no step 'nope'$"):
         store.append_event("r1", "warning", actor=Actor.CLI, reason="x", step="nope")
+
+
+# -- hosts (segue agent) -------------------------------------------------------------------------
+def test_host_registry_leases_epochs_and_fencing(store: Store) -> None:
+    assert store.list_hosts() == []
+    e1 = store.register_host("a", pid=10, info={"gpus": 2}, ttl_s=30)
+    assert e1 == 1
+    [h] = store.list_hosts()
+    assert (h.host, h.epoch, h.pid, h.info) == ("a", 1, 10, {"gpus": 2}) and h.alive(store.now())
+    before = store.list_hosts()
+    with pytest.raises(ControllerConflictError,
+                       match=r"^host 'a' already has a live agent \(pid 10, lease until [^)]+\); stop it "
+                             r"first, or give this one another --host-id$"):
+        store.register_host("a", pid=11, info={}, ttl_s=30)
+    assert store.list_hosts() == before
+    assert store.register_host("a", pid=11, info={}, ttl_s=30, steal=True) == 2  # pid 10 proved dead
+    e1 = 2
+    renewed = store.renew_host("a", e1, ttl_s=60, info={"gpus": 1})
+    assert renewed.info == {"gpus": 1} and renewed.lease_until >= h.lease_until
+    store.register_host("b", pid=20, info={}, ttl_s=30)
+    assert [x.host for x in store.list_hosts()] == ["a", "b"]
+    store.release_host("a", e1)
+    assert not store.list_hosts()[0].alive(store.now())
+    e2 = store.register_host("a", pid=12, info={}, ttl_s=30)  # a new agent for host a
+    assert e2 == 3
+    with pytest.raises(FencedError, match=r"^agent epoch 2 of host 'a' was superseded by epoch 3; "
+                                          r"this agent must stop$"):
+        store.renew_host("a", e1, ttl_s=30)
+    store.release_host("a", e1)  # superseded: must not end e2's lease
+    assert store.list_hosts()[0].alive(store.now())
+
+
+@pytest.mark.parametrize("ttl", [0.0, -1.0])
+def test_a_host_whose_agent_lease_expired_can_be_registered_again(store: Store, ttl: float) -> None:
+    store.register_host("a", pid=10, info={}, ttl_s=ttl)
+    assert not store.list_hosts()[0].alive(store.now())
+    assert store.register_host("a", pid=11, info={}, ttl_s=30) == 2

@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from .._rngshield import shield_libraries
 from .storage import CheckpointStorage, FileInfo, LocalStorage, check_relpath
 
 
@@ -28,6 +29,7 @@ class FsspecStorage(CheckpointStorage):
         self.url = url.rstrip("/")
         self.fs, root = fsspec.core.url_to_fs(self.url, **storage_options)
         self.root = root.rstrip("/")
+        shield_libraries()  # an object store's retry jitter must not move a step's random stream
 
     def __repr__(self) -> str:
         return f"FsspecStorage({self.url!r})"

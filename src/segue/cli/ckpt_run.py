@@ -7,13 +7,13 @@ import argparse
 import copy
 import os
 import signal
-import socket
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointCorruptError, UnknownRunError, UsageError
 from ..home import Home
+from ..hostname import this_host
 from . import ckpt
 
 
@@ -102,7 +102,7 @@ def _verify_run(home: Home, run_id: str) -> int:
 
 def _now(run_id: str, home: Home) -> int:
     store = home.open_store()
-    here = socket.gethostname()
+    here = this_host()
     asked = []
     for t in store.get_tasks(run_id):
         if t.state.value == "RUNNING" and t.pid and (t.host or here) == here:

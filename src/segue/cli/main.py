@@ -35,6 +35,7 @@ from ..run.options import RunOptions
 from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import parse_price
 from ..states import Actor, RunState
+from . import agent as agent_cmd
 from . import bench_model as bench_model_cmd
 from . import ckpt_run, sched, verify
 from . import costs as costs_view
@@ -139,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench_model_cmd.add_parser(sub)
     server_cmd.add_parsers(sub)
     webhook_cmd.add_parsers(sub)
+    agent_cmd.add_parsers(sub)
     return p
 
 
@@ -288,6 +290,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "server": server_cmd.cmd_server, "token": server_cmd.cmd_token, "webhook": webhook_cmd.cmd_webhook,
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
+    "agent": agent_cmd.cmd_agent, "hosts": agent_cmd.cmd_hosts,
 }
 
 

@@ -18,6 +18,7 @@ from ..errors import SegueError, UsageError, WaitTimeoutError
 from ..flow import LoadedFlow, load_flow, parse_duration
 from ..flow.model import parse_memory
 from ..home import Home
+from ..hostname import this_host
 from ..run import ops
 from ..run.options import RunOptions
 from ..scheduler.policy import parse_priority
@@ -205,7 +206,7 @@ class LocalClient(BaseClient):
         record = ops.check_resumable(store, run)
         loaded = load_flow(record.flow_path)
         ops.check_code(record, loaded, allow_code_change)
-        ops.check_no_live_controller(record)
+        ops.check_no_live_controller(record, store.now())
         record = ops.apply_resume_choices(store, record, restart_step=restart_step,
                                           on_input_change=on_input_change, actor=self.actor)
         ops.clear_preemption(store, record.run_id)  # the operator resumes it now, not the scheduler
@@ -281,7 +282,7 @@ class LocalClient(BaseClient):
                 return
             record = store.get_run(run)
             if record.state in RESTING or (record.state != RunState.PENDING
-                                           and not record.controller_alive()):
+                                           and not record.controller_alive(store.now())):
                 # One more read: what was committed with the last state change.
                 yield from store.list_events(run, after_id=after)
                 return
@@ -325,13 +326,11 @@ class LocalClient(BaseClient):
         return stream_logs(found, headers=attempt is None)
 
     def pool(self) -> PoolView:
-        import socket
-
         from ..scheduler.devices import ensure_host, gpu_processes
         from ..scheduler.views import pool_doc
 
         pool = self._open_pool()
-        hp = ensure_host(pool, socket.gethostname())
+        hp = ensure_host(pool, this_host())
         doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if any(
             not d.virtual for d in hp.devices) else {}, home=str(self.home.root))
         return PoolView(**{**doc, "devices": [DeviceView.from_json(d) for d in doc["devices"]],
@@ -346,8 +345,6 @@ class LocalClient(BaseClient):
         ``gpu_type`` names their type (e.g. 'rtx-pro-6000'), for steps with an
         ``accelerator=`` hint; ``groups`` adds more devices after them, as
         (count, memory, type or None) each, so a host can hold several types."""
-        import socket
-
         from ..scheduler.devices import host_memory, virtual_gpus
 
         devices: list[tuple[str, int, bool]] = []
@@ -360,18 +357,16 @@ class LocalClient(BaseClient):
             raise UsageError("cpus must be > 0")
         host_mem = host_memory() if memory is None else parse_memory(memory, "memory") or 0
         self._open_pool().configure_host(
-            socket.gethostname(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
+            this_host(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
             devices=devices, source="configured", actor=self.actor)
         return self.pool()
 
     def detect_pool(self, *, replace: bool = False) -> PoolView:
         """Re-detect this host's GPUs (NVML or nvidia-smi); recorded like :meth:`configure_pool`."""
-        import socket
-
         from ..scheduler.devices import detect_gpus, host_memory
 
         pool = self._open_pool()
-        host = socket.gethostname()
+        host = this_host()
         source, devices = detect_gpus()
         old = pool.get_host(host)
         virtual = [d for d in old.devices if d.virtual] if old else []
@@ -386,11 +381,10 @@ class LocalClient(BaseClient):
         return self.pool()
 
     def pool_changes(self, *, limit: int = 100) -> list[PoolChange]:
-        import socket
-
+        
         if check_changes_limit(limit) == 0:
             return []
-        return self._open_pool().pool_changes(socket.gethostname(), limit=limit)
+        return self._open_pool().pool_changes(this_host(), limit=limit)
 
     def queue(self) -> list[QueueEntry]:
         from ..scheduler.policy import priority_name

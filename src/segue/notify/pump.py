@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 import uuid
 from collections.abc import Callable
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 
 from .._canon import canonical_json
 from ..home import Home
+from ..hostname import this_host
 from ..store.base import Clock, now
 from ..store.outbox import Delivery, RunEvent, SQLiteOutbox
 from .hooks import Hook, HooksFile, notification_of
@@ -68,7 +68,7 @@ class Pump:
         self.home = home
         self.hooks = HooksFile(home)
         self.clock = clock
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or f"{this_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._box: SQLiteOutbox | None = None
         # What the last full pass saw: while nothing changed, a pass is one cheap read.
         self._seen: tuple[int, object] | None = None

@@ -14,7 +14,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,9 +23,10 @@ from ..errors import FencedError, StoreError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..flow.model import StepSpec
 from ..home import Home
+from ..hostname import this_host
 from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
-from ..store.base import Clock, RunRecord, Store, TaskRecord, now
+from ..store.base import Clock, RunRecord, Store, TaskRecord
 from ..store.hostpool import open_pool
 from .exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 from .logs import attempt_log_path, record_failure
@@ -87,16 +87,21 @@ class Controller:
     # How long to keep retrying an unwritable store; SEGUE_STORE_WAIT_S overrides it.
     store_wait_s: float = field(
         default_factory=lambda: float(os.environ.get("SEGUE_STORE_WAIT_S", STORE_WAIT_S)))
-    # Wall clock for lease expiry and retry deadlines, the same one the store
-    # stamps leases with (time is a dependency: tests advance a virtual one).
-    clock: Clock = now
+    # Clock for lease expiry and retry deadlines, the same one the store stamps
+    # leases with (time is a dependency: tests advance a virtual one). None:
+    # the store's own (``Store.now``: the database's on PostgreSQL).
+    clock: Clock | None = None
     # The host's device pool (None: the one $SEGUE_POOL names, see store.hostpool);
     # controllers this one starts for preempted runs get the same.
     pool_path: str | None = None
+    # A host agent's claim (controller epoch, the replaced controller's host):
+    # acquire takes the lease over at that epoch only (Store.acquire_controller).
+    claim: tuple[int, str | None] | None = None
 
     def __post_init__(self) -> None:
         _faults.set_role("controller")
-        self.host = socket.gethostname()
+        self._now: Clock = self.clock or self.store.now
+        self.host = this_host()
         self._prev_host: str | None = None
         self.epoch = 0
         self.attempts: dict[str, _Attempt] = {}
@@ -138,8 +143,15 @@ class Controller:
     def _acquire(self) -> None:
         run = self.store.get_run(self.run_id)
         self._prev_host = run.controller_host  # where the previous controller ran its workers
+        if self.claim is not None:  # the agent's claim stands in for the controller it replaced
+            self._prev_host = self.claim[1]
+            self.epoch = self.store.acquire_controller(
+                self.run_id, pid=os.getpid(), host=self.host, ttl_s=self.options.lease_ttl_s,
+                expect_epoch=self.claim[0])
+            self._next_renew = time.monotonic() + self.options.lease_ttl_s / 4
+            return
         steal = (
-            run.controller_alive()
+            run.controller_alive(self.store.now())
             and run.controller_host == self.host
             and not pid_alive(run.controller_pid)
         )
@@ -466,7 +478,7 @@ class Controller:
 
     # -- attempts ------------------------------------------------------------
     def _schedule(self, tasks: dict[str, TaskRecord]) -> None:
-        now = self.clock()
+        now = self._now()
         budget = self.options.max_parallel_cpus
         used = sum(self.steps[a.step].resources.cpus for a in self.attempts.values())
         for name in self.order:
@@ -516,7 +528,7 @@ class Controller:
         """Handle attempts that exited (or hung); True if any exited."""
         by_step = {t.step: t for t in tasks}
         exited = False
-        now = self.clock()
+        now = self._now()
         for step, a in list(self.attempts.items()):
             code = a.handle.poll()
             t = by_step[step]
@@ -584,7 +596,7 @@ class Controller:
                 self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
                 reason=f"{error}; retry {failures} of {retries} in {delay:.1f}s",
                 count_failure=True, reset_failures=progressed, error=error,
-                next_attempt_at=self.clock() + delay,
+                next_attempt_at=self._now() + delay,
             )
         else:
             self.store.transition_task(

@@ -22,7 +22,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--run", required=True)
     p.add_argument("--allow-code-change", action="store_true")
     p.add_argument("--pool", default=None, help="the host pool database (default $SEGUE_POOL)")
+    p.add_argument("--claim-epoch", type=int, default=None,
+                   help="a host agent's claim: take the controller lease over only at this epoch")
+    p.add_argument("--prev-host", default=None, help="the host of the controller the agent replaced")
     a = p.parse_args(argv)
+    claim = None if a.claim_epoch is None else (a.claim_epoch, a.prev_host)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     home = Home.resolve(a.home)
     store = home.open_store()
@@ -35,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
         loaded = load_flow(run.flow_path)
         ops.check_code(run, loaded, a.allow_code_change)
         ctl = ops.make_controller(home, store, run, loaded, actor=Actor.CONTROLLER, interrupts=interrupts,
-                                  pool=a.pool)
-        final = ops.drive(ctl, reason="detached controller started")
+                                  pool=a.pool, claim=claim)
+        final = ops.drive(ctl, reason="detached controller started" if claim is None else
+                          f"controller started by the agent of host {ctl.host} (failover)")
     except SegueError as exc:
         print(f"segue: {exc}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +26,7 @@ from ..errors import (
 )
 from ..flow import LoadedFlow, changed_steps, load_flow, resolve
 from ..home import Home, check_run_id
+from ..hostname import this_host
 from ..scheduler.admission import check_satisfiable
 from ..states import Actor, RunState, TaskState, check_run
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
@@ -107,11 +107,12 @@ def make_controller(
     home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *, actor: str,
     on_tick: Callable[[RunRecord, list[TaskRecord]], None] | None = None,
     interrupts: Interrupts | None = None, pool: str | os.PathLike[str] | None = None,
+    claim: tuple[int, str | None] | None = None,
 ) -> Controller:
     return Controller(
         home=home, store=store, run_id=run.run_id, steps=loaded.flow.steps, order=loaded.order,
         actor=actor, on_tick=on_tick, interrupts=interrupts or Interrupts(),
-        pool_path=None if pool is None else str(pool),
+        pool_path=None if pool is None else str(pool), claim=claim,
     )
 
 
@@ -168,11 +169,12 @@ def apply_resume_choices(
     return run
 
 
-def check_no_live_controller(run: RunRecord, grace_s: float = 2.0) -> None:
-    """Refuse a second controller while the first is alive (a dying one gets a grace period)."""
-    if not run.controller_alive() or run.state not in (RunState.RUNNING, RunState.PAUSING):
+def check_no_live_controller(run: RunRecord, at: float, grace_s: float = 2.0) -> None:
+    """Refuse a second controller while the first is alive at ``at`` (the store's
+    clock; a dying one gets a grace period)."""
+    if not run.controller_alive(at) or run.state not in (RunState.RUNNING, RunState.PAUSING):
         return
-    if run.controller_host == socket.gethostname() and wait_dead(run.controller_pid, grace_s):
+    if run.controller_host == this_host() and wait_dead(run.controller_pid, grace_s):
         return
     raise ControllerConflictError(
         f"run {run.run_id!r} is already driven by a live controller (pid {run.controller_pid} "
@@ -181,13 +183,18 @@ def check_no_live_controller(run: RunRecord, grace_s: float = 2.0) -> None:
 
 
 def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False,
-                   pool: str | os.PathLike[str] | None = None) -> int:
+                   pool: str | os.PathLike[str] | None = None,
+                   claim: tuple[int, str | None] | None = None) -> int:
     """Start a controller in its own session; it outlives this process. ``pool``:
-    the host pool it uses (default: the one ``$SEGUE_POOL`` names)."""
+    the host pool it uses (default: the one ``$SEGUE_POOL`` names). ``claim``: a
+    host agent's (controller epoch, previous controller's host); the controller
+    takes the lease over only at that epoch (see run.hostagent)."""
     log = home.logs_dir(run_id) / "controller.log"
     cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
     if pool is not None:
         cmd += ["--pool", str(pool)]
+    if claim is not None:
+        cmd += ["--claim-epoch", str(claim[0])] + (["--prev-host", claim[1]] if claim[1] else [])
     if allow_code_change:
         cmd.append("--allow-code-change")
     with open(log, "ab") as out:
@@ -237,13 +244,13 @@ def settle_orphaned_pause(store: Store, run_id: str, *, actor: str = Actor.CLI) 
     run is safely at rest.
     """
     run = store.get_run(run_id)
-    if run.state != RunState.PAUSING or run.controller_alive() and (
-        run.controller_host != socket.gethostname() or pid_alive(run.controller_pid)
+    now = store.now()
+    if run.state != RunState.PAUSING or run.controller_alive(now) and (
+        run.controller_host != this_host() or pid_alive(run.controller_pid)
     ):
         return run
-    now = time.time()
     tasks = store.get_tasks(run_id)
-    here = socket.gethostname()
+    here = this_host()
     if any(t.state == TaskState.RUNNING and (t.lease_until or 0) > now
            and ((t.host or run.controller_host) != here or pid_alive(t.pid)) for t in tasks):
         return run
@@ -274,7 +281,7 @@ def cancel(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
     if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
         refuse_unless_allowed(run, RunState.CANCELLED)
     run = store.transition_run(run_id, RunState.CANCELLED, actor=actor, reason="cancelled by the operator")
-    if not run.controller_alive() or (run.controller_host == socket.gethostname()
+    if not run.controller_alive(store.now()) or (run.controller_host == this_host()
                                       and not pid_alive(run.controller_pid)):
         for t in store.get_tasks(run_id):
             if not t.state.done and t.state != TaskState.RUNNING:

@@ -7,9 +7,10 @@ holds no resources and will never commit anything.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from typing import Any
+
+from ..hostname import this_host
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -50,6 +51,6 @@ def controller_alive(run: Any, at: float | None = None) -> bool:
     """
     if not run.controller_alive(at):
         return False
-    if run.controller_host == socket.gethostname():
+    if run.controller_host == this_host():
         return pid_alive(run.controller_pid)
     return True

@@ -14,7 +14,7 @@ import time
 
 from ..home import Home
 from ..states import RunState, TaskState
-from ..store.base import RunRecord, Store, TaskRecord, now
+from ..store.base import RunRecord, Store, TaskRecord
 from .exits import exit_report_path
 from .outage import EXIT_DISK_FULL, disk_full_line
 from .procs import controller_alive, pid_alive, wait_dead
@@ -33,13 +33,14 @@ def reclaim_orphan(
     and the epoch bump of the next attempt fences it. A live lease
     elsewhere: wait for it to expire.
     """
-    # Leases are judged on the store's clock (virtual in tests), never on a private one.
-    deadline = now() + ttl_s * 2
+    # Leases are judged on the store's clock (virtual in tests, the database's on
+    # PostgreSQL), never on this host's.
+    deadline = store.now() + ttl_s * 2
     while True:
         cur = store.get_task(run_id, t.step)
         if cur.state != TaskState.RUNNING or cur.epoch != t.epoch:
             return
-        live = cur.lease_until is not None and cur.lease_until > now()
+        live = cur.lease_until is not None and cur.lease_until > store.now()
         if not live:
             break
         local = (cur.host or prev_host) == host
@@ -52,7 +53,7 @@ def reclaim_orphan(
                 pass
             if wait_dead(cur.pid, 1.0):
                 break
-        if now() > deadline:
+        if store.now() > deadline:
             break
         time.sleep(0.05)
     store.transition_task(

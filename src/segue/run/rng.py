@@ -83,3 +83,4 @@ def restore(saved: dict[str, Any]) -> None:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+

@@ -15,7 +15,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import sqlite3
 import sys
 import threading
@@ -27,9 +26,11 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._canon import digest
+from .._rngshield import shield_libraries
 from ..errors import FencedError, NoValidCheckpointError
 from ..flow import load_flow
 from ..home import Home, output_path
+from ..hostname import this_host
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
@@ -137,7 +138,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     storage = home.run_storage(run)
     task = store.get_task(run_id, step)
     try:
-        store.set_attempt_pid(run_id, step, epoch, os.getpid(), socket.gethostname())
+        store.set_attempt_pid(run_id, step, epoch, os.getpid(), this_host())
     except FencedError:
         return EXIT_FENCED
     ttl = float(run.options.get("lease_ttl_s", 10.0))
@@ -161,6 +162,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             previous_progress=(task.progress_done, task.progress_total),
             home=home, options=run.options,
         )
+        shield_libraries()  # after the store and the storage imported their clients
         result = spec.fn(ctx)
         ctx.close()  # the last checkpoint's commit lands before the output's
         ref = None

@@ -7,11 +7,11 @@ figures of a step are a share of the host, not a hard floor.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable, Mapping, Sequence
 
 from ..errors import UsageError
 from ..flow.model import StepSpec
+from ..hostname import this_host
 from ..store.hostpool import never_fits, open_pool
 from ..store.pool import HostPoolStore
 from .devices import ensure_host
@@ -26,7 +26,7 @@ def check_satisfiable(
     needs = {s: step_need(steps, s, gpus, gpu_memory) for s in order}
     if not any(n.gpus for n in needs.values()):
         return  # CPU-only runs never need the pool at submit
-    hp = ensure_host(pool(), host or socket.gethostname())  # opened only for a GPU run
+    hp = ensure_host(pool(), host or this_host())  # opened only for a GPU run
     for step, need in needs.items():
         why = never_fits(need, hp)
         if why is None:

@@ -26,6 +26,7 @@ from ..states import RunState, TaskState
 Clock = Callable[[], float]
 
 CLOCK_FILE_ENV = "SEGUE_CLOCK_FILE"
+SKEW_ENV = "SEGUE_CLOCK_SKEW_S"  # fault injection: this host's wall clock is off by N seconds
 
 
 def now() -> float:
@@ -35,9 +36,18 @@ def now() -> float:
     seconds to add. Every process of a run (CLI, controller, workers) inherits
     the variable and reads the same file, so a test moves time forward for all
     of them at once instead of sleeping against a lease on a loaded machine.
+    ``SEGUE_CLOCK_SKEW_S`` (also for tests) makes one host's clock wrong:
+    a store with its own clock (PostgreSQL) must judge leases by that one, so
+    a skewed host can neither steal a live lease nor keep a dead one.
     """
     path = os.environ.get(CLOCK_FILE_ENV)
-    return time.time() + (_clock_offset(path) if path else 0.0)
+    return wall_clock() + (_clock_offset(path) if path else 0.0)
+
+
+def wall_clock() -> float:
+    """This host's wall clock: ``time.time()``, off by ``$SEGUE_CLOCK_SKEW_S`` in tests."""
+    skew = os.environ.get(SKEW_ENV)
+    return time.time() + (float(skew) if skew else 0.0)
 
 
 def _clock_offset(path: str) -> float:
@@ -139,12 +149,35 @@ class Heartbeat:
     lease_until: float
 
 
+@dataclass(frozen=True)
+class HostRecord:
+    """A host that runs a ``segue agent``, as registered in the store."""
+
+    host: str
+    epoch: int  # rises with every agent that registers the host (fencing token)
+    pid: int | None  # the agent's
+    info: dict[str, Any]  # what the agent reported: devices, cpus, memory, version
+    started_at: float  # when this epoch's agent registered
+    seen_at: float  # its last heartbeat
+    lease_until: float | None  # None: the agent stopped cleanly
+
+    def alive(self, at: float) -> bool:
+        return self.lease_until is not None and self.lease_until > at
+
+
 class Store(ABC):
     """Abstract metadata store. See the module docstring for the guarantees."""
 
     # -- lifecycle -----------------------------------------------------------
     @abstractmethod
     def close(self) -> None: ...
+
+    def now(self) -> float:
+        """The clock this store stamps leases with, in epoch seconds. Every lease
+        judgement outside the store (is a controller or an attempt still alive)
+        must read this, never the caller's own clock: on a shared store the
+        hosts' clocks differ."""
+        return now()
 
     # -- runs ----------------------------------------------------------------
     @abstractmethod
@@ -199,12 +232,18 @@ class Store(ABC):
     # -- controller lease ------------------------------------------------------
     @abstractmethod
     def acquire_controller(
-        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False
+        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False,
+        expect_epoch: int | None = None,
     ) -> int:
         """Become the run's controller; returns the new controller epoch.
 
         Raises ControllerConflictError while another controller's lease is live,
         unless ``steal`` is true (the caller has proved that holder dead).
+        ``expect_epoch``: a hand-over. Take the lease, live or not, only if the
+        controller epoch is still that one (a host agent claimed the run with it
+        and started this controller); ControllerConflictError otherwise. The
+        judgement and the write are one transaction (the run's row lock on
+        PostgreSQL), so of two claimants exactly one wins.
         """
 
     @abstractmethod
@@ -214,6 +253,30 @@ class Store(ABC):
     @abstractmethod
     def release_controller(self, run_id: str, epoch: int) -> None:
         """Give the lease up (no-op if already superseded)."""
+
+    # -- hosts (segue agent) ---------------------------------------------------
+    @abstractmethod
+    def register_host(self, host: str, *, pid: int, info: dict[str, Any], ttl_s: float,
+                      steal: bool = False) -> int:
+        """Register ``host``'s agent with a lease; returns its new agent epoch.
+
+        ControllerConflictError while another agent of the same host name holds
+        a live lease (judged by the store's clock), unless ``steal`` (the caller
+        proved that agent dead: its pid is gone on this host)."""
+
+    @abstractmethod
+    def renew_host(self, host: str, epoch: int, ttl_s: float,
+                   info: dict[str, Any] | None = None) -> HostRecord:
+        """Extend the agent's lease (and replace its info); FencedError if another
+        agent registered the host since."""
+
+    @abstractmethod
+    def release_host(self, host: str, epoch: int) -> None:
+        """The agent stops: its lease ends now (no-op if superseded)."""
+
+    @abstractmethod
+    def list_hosts(self) -> list[HostRecord]:
+        """Every host ever registered, by name; ``alive(store.now())`` tells the live ones."""
 
     # -- tasks ---------------------------------------------------------------
     @abstractmethod

@@ -216,7 +216,25 @@ _V3 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
+_V4 = Migration(
+    4,
+    "hosts: one row per host that runs a segue agent, with its lease and epoch",
+    (
+        """
+        CREATE TABLE hosts (
+            host TEXT PRIMARY KEY,
+            epoch INTEGER NOT NULL,
+            pid INTEGER,
+            info TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            seen_at REAL NOT NULL,
+            lease_until REAL
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 LATEST = MIGRATIONS[-1].version
 
 

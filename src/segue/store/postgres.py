@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._canon import canonical_json
 from .._faults import fault_point
+from .._rngshield import shield_libraries
 from ..errors import (
     ControllerConflictError,
     FencedError,
@@ -65,8 +66,10 @@ from .base import (
     Store,
     TaskRecord,
     _clock_offset,
+    wall_clock,
 )
 from .postgres_extras import PostgresPoolMixin, start_attempt_in
+from .postgres_hosts import PostgresHostsMixin
 from .postgres_schema import (
     Tx,
     event_record,
@@ -85,6 +88,7 @@ from .sqlite_rows import (  # row -> record converters and fence checks: backend
     _fmt_time,
     _run_record,
     _task_record,
+    check_handover,
 )
 
 if TYPE_CHECKING:
@@ -107,6 +111,7 @@ OUTCOME_WAIT_S = 60  # how long a probe waits for a transaction whose COMMIT got
 IDLE_IN_TX_TIMEOUT_S = 60
 MARKER_TTL_S = 3600.0  # commit markers are needed for seconds; purged after an hour
 PURGE_EVERY_S = 600.0
+CLOCK_RESYNC_S = 5.0  # how often now() measures the database clock against this host's
 
 _READ = ""  # no transaction: each statement is one snapshot (autocommit)
 _WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
@@ -137,6 +142,7 @@ def _import_psycopg() -> tuple[Any, Any]:
             f"a PostgreSQL metadata store needs psycopg 3 and psycopg_pool ({e.name} is "
             "missing); pip install 'segue[postgres]'"
         ) from e
+    shield_libraries()  # the pool's reconnection jitter must not move a step's random stream
     return psycopg, psycopg_pool
 
 
@@ -144,7 +150,7 @@ class _Transient(Exception):
     """A try that surely did not commit and may be run again (the cause is chained)."""
 
 
-class PostgresStore(PostgresPoolMixin, Store):
+class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
     """A :class:`Store` in a PostgreSQL database. Picklable: it travels as its URL.
     The scheduling extras (stats, requests, placed starts) come from
     :class:`~segue.store.postgres_extras.PostgresPoolMixin`.
@@ -163,6 +169,8 @@ class PostgresStore(PostgresPoolMixin, Store):
         self._pool_obj: Any = None
         self._pid = 0
         self._purge_at = 0.0
+        self._db_minus_local: float | None = None  # see now()
+        self._resync_at = 0.0
         self._migrate()  # fail now on a bad URL or a too-new schema, not at the first query
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -203,6 +211,20 @@ class PostgresStore(PostgresPoolMixin, Store):
                 pool.open(wait=False)
                 self._pool_obj, self._pid = pool, os.getpid()
             return self._pool_obj
+
+    def now(self) -> float:
+        """The database's clock (plus the test clock file's offset, as every write
+        stamps it), read as this host's clock plus their measured difference. The
+        difference is measured again every ``CLOCK_RESYNC_S``, so a caller that
+        judges leases at every tick costs no round trip."""
+        if self._db_minus_local is None or time.monotonic() >= self._resync_at:
+            t0 = wall_clock()
+            row = self._run(lambda tx: tx.one("SELECT extract(epoch FROM clock_timestamp())::float8 AS t"),
+                            _READ, "")
+            t1 = wall_clock()
+            self._db_minus_local = float(cast(Any, row)["t"]) - (t0 + t1) / 2
+            self._resync_at = time.monotonic() + CLOCK_RESYNC_S
+        return wall_clock() + self._db_minus_local + self._offset()
 
     def close(self) -> None:
         """Close this process's pool (a later call opens a new one). Connections in
@@ -454,7 +476,7 @@ class PostgresStore(PostgresPoolMixin, Store):
 
     # -- controller lease ------------------------------------------------------
     def acquire_controller(self, run_id: str, *, pid: int, host: str, ttl_s: float,
-                           steal: bool = False) -> int:
+                           steal: bool = False, expect_epoch: int | None = None) -> int:
         """Write, READ COMMITTED, under the run's row lock; the lease is judged by the
         database's clock read after the lock is held."""
         def body(tx: Tx) -> int:
@@ -462,7 +484,9 @@ class PostgresStore(PostgresPoolMixin, Store):
             t = tx.now()
             lease = row["controller_lease_until"]
             live = lease is not None and lease > t
-            if live and not steal:
+            if expect_epoch is not None:
+                check_handover(run_id, row, expect_epoch)
+            elif live and not steal:
                 raise ControllerConflictError(
                     f"run {run_id!r} is already driven by a live controller "
                     f"(pid {row['controller_pid']} on host {row['controller_host']}, "

@@ -171,7 +171,25 @@ _V2 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2)
+_V3 = Migration(
+    3,
+    "hosts: one row per host that runs a segue agent, with its lease and epoch",
+    (
+        """
+        CREATE TABLE hosts (
+            host text PRIMARY KEY,
+            epoch bigint NOT NULL,
+            pid bigint,
+            info text NOT NULL,
+            started_at double precision NOT NULL,
+            seen_at double precision NOT NULL,
+            lease_until double precision
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3)
 LATEST = MIGRATIONS[-1].version
 
 _VERSION_TABLE = """

@@ -38,6 +38,7 @@ from .base import (
     now,
 )
 from .migrations import connect
+from .sqlite_hosts import SQLiteHostsMixin
 from .sqlite_pool import SQLitePoolMixin
 from .sqlite_rows import (
     PerThreadConnection,
@@ -52,6 +53,7 @@ from .sqlite_rows import (
     _run_record,
     _task_record,
     _update_task,
+    check_handover,
     start_attempt_in,
 )
 
@@ -63,7 +65,7 @@ CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
 _NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 
 
-class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
+class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
@@ -77,6 +79,9 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
         # Open (and migrate) now, so a database that is too new or unreadable
         # fails at construction rather than at the first query.
         self._conn()
+
+    def now(self) -> float:
+        return self._clock()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (str(self.path),))
@@ -242,14 +247,17 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, Store):
 
     # -- controller lease ------------------------------------------------------
     def acquire_controller(
-        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False
+        self, run_id: str, *, pid: int, host: str, ttl_s: float, steal: bool = False,
+        expect_epoch: int | None = None,
     ) -> int:
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
             t = self._clock()
             lease = row["controller_lease_until"]
             live = lease is not None and lease > t
-            if live and not steal:
+            if expect_epoch is not None:
+                check_handover(run_id, row, expect_epoch)
+            elif live and not steal:
                 raise ControllerConflictError(
                     f"run {run_id!r} is already driven by a live controller "
                     f"(pid {row['controller_pid']} on host {row['controller_host']}, "

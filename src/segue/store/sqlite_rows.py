@@ -15,7 +15,7 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from .._canon import canonical_json
-from ..errors import FencedError, StoreError, UnknownRunError
+from ..errors import ControllerConflictError, FencedError, StoreError, UnknownRunError
 from ..states import Actor, RunState, TaskState, check_task
 from .base import CheckpointRecord, Event, RunRecord, TaskRecord, now
 
@@ -142,6 +142,16 @@ def _check_controller_epoch(run_id: str, row: sqlite3.Row, epoch: int) -> None:
             "this controller must stop",
             run_id=run_id, step=None, actor=Actor.CONTROLLER, epoch=epoch, current=cur,
         )
+
+
+def check_handover(run_id: str, row: Any, expect_epoch: int) -> None:
+    """A hand-over of the controller lease goes through only if nobody took it since the claim."""
+    cur = int(row["controller_epoch"])
+    if cur != expect_epoch:
+        raise ControllerConflictError(
+            f"run {run_id!r} was claimed with controller epoch {expect_epoch}, but epoch {cur} "
+            f"(pid {row['controller_pid']} on host {row['controller_host']}) took it since; "
+            "this controller stands down")
 
 
 def _fenced(

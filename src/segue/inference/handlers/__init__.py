@@ -7,14 +7,16 @@ handler                     model                        extra
 :class:`TransformersHandler` ``AutoModel``/``AutoTokenizer`` from a local directory  ``segue[hf]``
 :class:`SentenceTransformerHandler` a sentence-transformers directory          ``segue[hf]``
 :class:`OnnxModelHandler`   an ``.onnx`` file on ONNX Runtime                  ``segue[onnx]``
+:class:`OnnxTextHandler`    a text encoder exported to ONNX, with its tokenizer ``segue[onnx]``
 =========================== ============================ ==================
 """
 
 from __future__ import annotations
 
+from .onnx_text import OnnxTextHandler
 from .onnxrt import OnnxModelHandler
 from .pytorch import PytorchModelHandler
 from .sbert import SentenceTransformerHandler
 from .transformers_hf import TransformersHandler
 
-__all__ = ["OnnxModelHandler", "PytorchModelHandler", "SentenceTransformerHandler", "TransformersHandler"]
+__all__ = ["OnnxModelHandler", "OnnxTextHandler", "PytorchModelHandler", "SentenceTransformerHandler", "TransformersHandler"]
