@@ -18,7 +18,8 @@ loopback, and `segue agent` processes that each play one host.
 * **Store throughput.** 1, 4 and 16 writer processes, each on a run of its
   own, alternate a fenced heartbeat with a run transition (RUNNING <->
   PAUSING, each an event) for a fixed time, on PostgreSQL and on SQLite;
-  writes per second, and the ratio.
+  writes per second, and the ratio; beside them the disk's fsyncs per second
+  (the ceiling of one serialised durable writer).
 * **Checkpoints on S3.** The same state (arrays and a JSON tree) saved and
   restored through ``segue.checkpoint`` to the S3 server and to local disk;
   both restores are checked equal to the state before the ratio is printed.
@@ -52,9 +53,12 @@ sys.path.insert(0, str(ROOT.parent / "tests"))  # the throwaway server helpers t
 
 # -- servers ---------------------------------------------------------------------------------
 def start_s3() -> tuple[Any, str]:
+    import logging
     import socket
 
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -87,6 +91,8 @@ def failover(work: Path, url: str, endpoint: str, n: int) -> dict[str, Any]:
             "PYTHONUNBUFFERED": "1"}
     envs = {h: {**base, "SEGUE_HOME": str(work / h / "home"), "SEGUE_POOL": str(work / h / "pool.db"),
                 "SEGUE_HOST_ID": h} for h in "ab"}
+    for h in "ab":
+        (work / h).mkdir(parents=True)
     inp, out = work / "input.jsonl", work / "out"
     with open(inp, "w") as f:
         for k in range(n):
@@ -108,7 +114,7 @@ def failover(work: Path, url: str, endpoint: str, n: int) -> dict[str, Any]:
 
         pb.wait_until(committed, 300, poll=0.05, what="a checkpoint on host a")
         r = store.get_run("fo")
-        ttl = json.loads(json.dumps(r.options)).get("lease_ttl_s", 10.0)
+        ttl = float(r.options.get("lease_ttl_s", 10.0))
         t0 = time.monotonic()
         for pid in (agents["a"].pid, r.controller_pid):
             os.kill(pid, signal.SIGKILL)
@@ -176,11 +182,27 @@ def throughput(target: str, writers: int, seconds: float, tag: str) -> float:
     return total / max(time.monotonic() - t0, seconds)
 
 
+def fsync_per_s(where: Path, seconds: float) -> float:
+    """The physical ceiling of one serialised durable writer: 4 KiB write + fsync per commit."""
+    where.mkdir(parents=True, exist_ok=True)
+    fd = os.open(where / "fsync.probe", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        n, t0 = 0, time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            os.pwrite(fd, b"x" * 4096, 0)
+            os.fsync(fd)
+            n += 1
+        return n / (time.monotonic() - t0)
+    finally:
+        os.close(fd)
+
+
 # -- checkpoints on S3 ---------------------------------------------------------------------------
 def s3_checkpoints(work: Path, endpoint: str, mib: int, tries: int) -> dict[str, Any]:
     from segue.checkpoint import load, save
     from segue.home import storage_at
 
+    work.mkdir(parents=True, exist_ok=True)
     name, aws = bucket(endpoint)
     os.environ.update(aws)
     rng = np.random.default_rng(0)
@@ -209,6 +231,7 @@ def s3_checkpoints(work: Path, endpoint: str, mib: int, tries: int) -> dict[str,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny sizes and a 3 s lease: checks the harness")
     p.add_argument("--json", action="store_true")
     p.add_argument("--writer", nargs=3, metavar=("TARGET", "RUN", "SECONDS"), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -222,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"skipped": reason}))
         return 0
     seconds, n, mib, tries = (2.0, 4000, 32, 2) if a.quick else (5.0, 20000, 256, 3)
+    if a.smoke:  # a short lease (failover ~3 s); the figures mean nothing at this size
+        seconds, n, mib, tries = 0.5, 1000, 2, 1
+        os.environ["SEGUE_LEASE_TTL_S"] = "3"
     work = Path(tempfile.mkdtemp(prefix="segue-bench-cluster-"))
     pg = pgserver.PgServer.start(durable=True)
     s3, endpoint = start_s3()
-    result: dict[str, Any] = {"bench": "cluster", "quick": a.quick}
+    result: dict[str, Any] = {"bench": "cluster", "quick": a.quick, "smoke": a.smoke}
     try:
         result.update(failover(work / "failover", pg.create_database(), endpoint, n))
         result["worker_startup_s"] = pb.worker_startup_s()
@@ -239,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             result[f"pg_writes_per_s_{w}_writers"] = pg_ops
             result[f"sqlite_writes_per_s_{w}_writers"] = sq_ops
             result[f"pg_vs_sqlite_{w}_writers"] = pg_ops / sq_ops
+        result["fsync_per_s"] = fsync_per_s(work / "disk", seconds)
         result.update(s3_checkpoints(work / "ckpt", endpoint, mib, tries))
     finally:
         s3.stop()
