@@ -69,6 +69,29 @@ def test_sigkilled_local_controller_is_dead_now_and_resume_does_not_wait(segue: 
     segue.wait_state(run, {"CANCELLED"})
 
 
+def test_a_pid_that_came_back_as_a_thread_is_not_alive() -> None:
+    """Thread ids share the pid space: a dead process's pid that wrapped around to some
+    process's thread must not count as that process alive (its signal 0 succeeds)."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import threading, time\n"
+                              "t = threading.Thread(target=lambda: (print(threading.get_native_id(), flush=True),"
+                              " time.sleep(60)), daemon=True)\n"
+                              "t.start(); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        tid = int(child.stdout.readline())
+        os.kill(tid, 0)  # the kernel answers for a thread id as for a pid
+        assert tid != child.pid and not pid_alive(tid)
+        assert pid_alive(child.pid)
+    finally:
+        child.kill()
+        child.communicate()
+    assert not pid_alive(child.pid)
+
+
 def test_sigterm_is_named_in_the_events(segue: Segue) -> None:
     run = "term"
     fg = segue.popen("run", COUNTER, "--run-id", run, "-p", "n=100000", "-p", "sleep=0.01")

@@ -136,7 +136,7 @@ def follow_chunks(home: Home, store: Store, run_id: str, step: str | None, *,
     while True:
         run = store.get_run(run_id)
         done = run.state in STOPPED or (run.state != RunState.PENDING
-                                        and not run.controller_alive(time.time()))
+                                        and not run.controller_alive(store.now()))
         # After the run stopped, one more pass: what the last attempt wrote before it ended.
         for lg in attempt_logs(home, store, run_id, step):
             for piece in _chunks_from(lg.path, offsets.get(lg.path, 0)):

@@ -14,7 +14,14 @@ from ..hostname import this_host
 
 
 def pid_alive(pid: int | None) -> bool:
-    """Whether a local process exists and is not a zombie (killed, not yet reaped)."""
+    """Whether a local process exists and is not a zombie (killed, not yet reaped).
+
+    Threads draw their ids from the same space as processes, and ``kill(tid, 0)``
+    succeeds on a thread: with many short-lived threads the ids wrap around
+    (``pid_max`` is 32768 by default) and a dead process's pid can come back as
+    some other process's thread within seconds. Only a thread-group leader
+    (``Tgid`` equal to the pid) is a process.
+    """
     if not pid:
         return False
     try:
@@ -24,12 +31,16 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            # The state letter follows the parenthesized command name.
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        return state not in (b"Z", b"X")
-    except (OSError, IndexError):
-        return True
+        with open(f"/proc/{pid}/status", "rb") as f:
+            fields = dict(line.split(b":", 1) for line in f.read().splitlines() if b":" in line)
+    except FileNotFoundError:
+        return False  # it exited between the two looks
+    except OSError:
+        return True  # no /proc to ask: trust the signal
+    state, tgid = fields.get(b"State", b"").split(), fields.get(b"Tgid", b"").strip()
+    if tgid and int(tgid) != pid:
+        return False  # a thread of another process that reused the id
+    return not state or state[0] not in (b"Z", b"X")
 
 
 def wait_dead(pid: int | None, timeout: float) -> bool:

@@ -45,6 +45,7 @@ def run_status(store: Store, run_id: str, prices: Prices | None = None, *, pool:
             "waiting_for": waiting[t.step].reason if t.step in waiting else None,
             "last_failure": failures.get(t.step),
         })
+    at = store.now()  # leases are judged on the store's clock, not this host's
     return {
         "run_id": run.run_id,
         "priority": run.options.get("priority", 100),
@@ -57,11 +58,11 @@ def run_status(store: Store, run_id: str, prices: Prices | None = None, *, pool:
         "controller": {
             "pid": run.controller_pid,
             "host": run.controller_host,
-            "alive": controller_alive(run, time.time()),  # a dead local pid is dead now
+            "alive": controller_alive(run, at),  # a dead local pid is dead now
             "lease_until": run.controller_lease_until,
         },
         # Set when the run looks alive but nothing drives it (see lost_controller).
-        "problem": lost_controller(run),
+        "problem": lost_controller(run, at),
         "steps": steps,
         "accounting": accounting(store, run_id, prices, pool=pool, home_key=home_key),
     }
