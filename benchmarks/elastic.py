@@ -67,7 +67,7 @@ def _workers(env: dict[str, str], run: str) -> int:
     return ev[-1]["data"]["workers"] if ev else 1
 
 
-def one_side(tmp: Path, side: str, n: int, delay: float, urgent_n: int) -> dict[str, Any]:
+def one_side(tmp: Path, side: str, n: int, delay: float, urgent_n: int, smoke: bool = False) -> dict[str, Any]:
     root = tmp / side
     out = root / "out"
     env = {**os.environ, "SEGUE_HOME": str(root / "home"), "SEGUE_POOL": str(root / "pool.db"),
@@ -89,7 +89,9 @@ def one_side(tmp: Path, side: str, n: int, delay: float, urgent_n: int) -> dict[
     time.sleep(2.0)
     d1, s1 = _done(env, "batch"), time.monotonic()
     rate_before = (d1 - d0) / (s1 - s0)
-    if d1 > 0.6 * n:
+    # A figure needs the urgent run to land mid-batch. The smoke run only checks the
+    # harness, and on a loaded machine (CI) the batch may be far along by now: it goes on.
+    if d1 > 0.6 * n and not smoke:
         raise RuntimeError("the batch run is nearly done before the urgent run: raise n")
     submitted = time.time()  # the probe's start time is wall time too
     _segue(env, "run", str(URGENT), "--detach", "--run-id", "urgent", "--priority", "urgent",
@@ -128,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         for t in range(tries):
             for side in ("partial", "whole") if t % 2 == 0 else ("whole", "partial"):  # interleaved
-                res[side].append(one_side(tmp / f"try{t}", side, n, delay, urgent_n))
+                res[side].append(one_side(tmp / f"try{t}", side, n, delay, urgent_n, a.smoke))
     finally:
         for side in ("partial", "whole"):
             for t in range(tries):
@@ -143,8 +145,11 @@ def main(argv: list[str] | None = None) -> None:
     p, w = res["partial"], res["whole"]
     assert all(x["exactly_once"] for x in p + w), "an output was not exactly once"
     assert all(x["output"] == p[0]["output"] for x in p + w), "the two sides' outputs differ"
-    assert all(x["partial_preemptions"] >= 1 and x["preemptions"] == 0 for x in p)
-    assert all(x["preemptions"] >= 1 for x in w)
+    # A figure needs the preemption to have happened; the smoke run checks the harness only
+    # (a loaded machine may finish the batch first), its outputs still exactly once and equal.
+    if not a.smoke:
+        assert all(x["partial_preemptions"] >= 1 and x["preemptions"] == 0 for x in p)
+        assert all(x["preemptions"] >= 1 for x in w)
     med = statistics.median
     startup = pb.worker_startup_s()
     out = {
@@ -159,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
         "floor_worker_startup_s": round(startup, 4),
         "partial_time_to_device_vs_worker_startup": round(med(x["to_device"] for x in p) / startup, 2),
         "outputs_equal": True,
+        "preempted": all(x["partial_preemptions"] >= 1 and x["preemptions"] == 0 for x in p)
+        and all(x["preemptions"] >= 1 for x in w),
     }
     print(json.dumps(out) if a.json else json.dumps(out, indent=2))
 
