@@ -11,6 +11,7 @@ from typing import Any
 
 from ..client.local import LocalClient
 from ..errors import UsageError
+from ..hostname import ENV as HOST_ENV
 from ..hostname import this_host
 from .render import fmt_time, print_json
 
@@ -37,7 +38,7 @@ def cmd_agent(a: argparse.Namespace, client: LocalClient) -> int:
     if not 0 < poll <= ttl / 2:
         raise UsageError(f"--poll must be above 0 and at most half of --ttl ({ttl / 2:g}s), not {poll}")
     host = a.host_id or this_host()
-    os.environ["SEGUE_HOST_ID"] = host  # before anything records this host's name
+    os.environ[HOST_ENV] = host  # before anything records this host's name
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     client.home.ensure()
     pool = client.pool()  # this host's devices, detected the first time
