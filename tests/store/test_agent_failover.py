@@ -184,6 +184,7 @@ def _kill_host(cluster: Cluster, host: str) -> None:
     for pid in (cluster.agents[host].pid, r.controller_pid):
         os.kill(pid, signal.SIGKILL)
     cluster.agents[host].wait()
+    wait_for(lambda: not pid_alive(r.controller_pid), 30, "the killed controller to be dead")  # landed
 
 
 @pytest.mark.timeout(600)
