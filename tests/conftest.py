@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pgserver
 import pytest
 from segue_helpers import FLOWS, Segue
 
@@ -115,3 +116,33 @@ def counter_ref(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], dic
         return cache[n]
 
     return ref
+
+
+@pytest.fixture(scope="session")
+def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pgserver.PgServer | str]:
+    """The worker's server, or the reason it cannot run (the tests skip with it)."""
+    reason = pgserver.skip_reason()
+    try:
+        import psycopg_pool  # noqa: F401 - PostgresStore needs it; other server users do not
+    except ImportError:
+        reason = reason or "psycopg_pool is not installed; pip install 'segue[postgres]'"
+    if reason is not None:
+        yield reason
+        return
+    try:
+        server = pgserver.PgServer.start()
+    except (RuntimeError, OSError) as e:
+        yield f"cannot start a throwaway PostgreSQL server: {e}"
+        return
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def pg(pg_server: pgserver.PgServer | str) -> pgserver.PgServer:
+    """The worker's PostgreSQL server; the test skips (saying why) where none can run."""
+    if isinstance(pg_server, str):
+        pytest.skip(pg_server)
+    return pg_server

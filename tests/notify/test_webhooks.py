@@ -378,3 +378,55 @@ def test_an_old_home_gets_the_outbox(tmp_path: Path) -> None:
     assert schema_version(conn) == MIGRATIONS[-1].version
     assert conn.execute("SELECT run_id FROM runs").fetchall() == [("old",)]
     conn.close()
+
+
+# -- a home whose store is PostgreSQL ------------------------------------------------------
+@pytest.fixture
+def pg_home(pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    url = pg.create_database()
+    monkeypatch.setenv("SEGUE_STORE", url)
+    try:
+        yield tmp_path / "pg-home"
+    finally:
+        pg.drop_database(url)
+
+
+def test_webhooks_on_a_postgres_home(pg_home: Path, secret_file: tuple[str, Path]) -> None:
+    """The CLI's add / flush / ls / deliveries / rm, and racing pumps, on the database:
+    every transition after the hook arrives once, signed, its event id the delivery id."""
+    secret, sfile = secret_file
+    store = Home.resolve(pg_home).open_store()
+    try:
+        _fail_runs(store, 1)  # before the hook: never sent
+        with receiver(fail_first=1) as rec:
+            hook = add_hook(pg_home, rec.url, "failed", sfile, "--backoff", "0.05")
+            for i in range(1, 4):
+                store.create_run(NewRun(f"r{i}", "f", "/f.py", {}, {}), ["a"], actor="cli")
+                store.transition_run(f"r{i}", RunState.RUNNING, actor="cli", reason="go")
+                store.transition_run(f"r{i}", RunState.FAILED, actor="controller", reason="boom")
+            code, out = webhook(pg_home, "flush", "--timeout", "20")
+            assert (code, out.strip()) == (0, "delivered 3, gave up 0, still pending 0")
+            pumps = [threading.Thread(target=_pump_until_idle, args=(Home.resolve(pg_home),))
+                     for _ in range(2)]
+            for t in pumps:
+                t.start()
+            for t in pumps:
+                t.join(30)
+        failed = {transition_id(LocalClient(pg_home), f"r{i}", "FAILED"): f"r{i}" for i in range(1, 4)}
+        got = {int(r.headers["X-Segue-Delivery"]): r.doc["run_id"] for r in rec.accepted()}
+        assert got == failed and len(rec.accepted()) == 3  # each once, none from before
+        assert len(rec.all()) == 4 and all(signature_ok(secret, r) for r in rec.all())
+        code, out = webhook(pg_home, "ls", "--json")
+        [h] = json.loads(out)
+        assert h["id"] == hook and h["deliveries"]["delivered"] == 3
+        code, out = webhook(pg_home, "deliveries", "--json")
+        assert sorted(d["delivery"] for d in json.loads(out)) == sorted(failed)
+        assert webhook(pg_home, "rm", hook) == (0, f"webhook {hook} removed (3 deliveries forgotten)\n")
+    finally:
+        store.close()
+    db = Home.resolve(pg_home).db_path  # nothing of it went to an SQLite file
+    if db.exists() and db.stat().st_size:
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT COUNT(*) FROM sqlite_master WHERE name = 'notify_outbox'"
+                            ).fetchone() == (0,)
+        conn.close()

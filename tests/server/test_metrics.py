@@ -4,6 +4,7 @@ parsed with prometheus_client's own parser, and compared with what the store say
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from segue.home import Home  # noqa: E402
 from segue.server import create_app  # noqa: E402
 from segue.server import metrics as _metrics  # noqa: E402, F401 - registers /metrics
 from segue.server.auth import Role, TokenStore  # noqa: E402
+from segue.states import Actor, RunState  # noqa: E402
+from segue.store import NewRun  # noqa: E402
 
 COUNTER = str(FLOWS / "counter.py")
 
@@ -199,3 +202,56 @@ def test_metrics_refuse_a_token_in_the_url_and_can_be_public(tmp_path: Path, _te
                          ).status_code == 401
         app.state.metrics_public = True  # an operator's explicit choice (e.g. a scrape-only network)
         assert httpx.get(f"{base}/metrics").status_code == 200
+
+
+# -- a home whose store is PostgreSQL ------------------------------------------------------
+@pytest.fixture
+def pg_home(pg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Home]:
+    url = pg.create_database()
+    monkeypatch.setenv("SEGUE_STORE", url)
+    try:
+        yield Home.resolve(tmp_path / "pg-home")
+    finally:
+        pg.drop_database(url)
+
+
+def test_metrics_on_a_postgres_home(pg_home: Home, _test_pool: Path) -> None:
+    """The counters page the event log by commit position there (events of every run
+    interleave across transactions); the figures are the store's."""
+    store = pg_home.open_store()
+    try:
+        store.create_run(NewRun("r1", "f", "/f.py", {}, {}), ["s"], actor=Actor.CLI)
+        store.create_run(NewRun("idle", "f", "/f.py", {}, {}), ["s"], actor=Actor.CLI)
+        store.transition_run("r1", RunState.RUNNING, actor=Actor.CLI, reason="go")
+        epoch = store.start_attempt("r1", "s", ttl_s=60, actor=Actor.CONTROLLER).epoch
+        store.commit_checkpoint("r1", "s", epoch, seq=1, path="p", nbytes=1000, duration_s=0.5,
+                                position={"records_in": 10, "records_out": 9, "failures": 1})
+        store.complete_task("r1", "s", epoch, output_ref=None, actor=Actor.WORKER)
+        token = TokenStore(pg_home).create("prom", Role.VIEWER)
+        with serving(create_app(pg_home, pool=_test_pool)) as base:
+            m = scrape(base, token)
+            assert val(m, "segue_runs", state="RUNNING") == 1
+            assert val(m, "segue_runs", state="PENDING") == 1
+            assert val(m, "segue_step_attempts_started_total") == 1
+            assert val(m, "segue_step_attempts_total", outcome="succeeded") == 1
+            assert val(m, "segue_checkpoints_total", outcome="committed") == 1
+            assert val(m, "segue_checkpoint_size_bytes_sum") == 1000
+            assert val(m, "segue_checkpoint_duration_seconds_sum") == 0.5
+            assert val(m, "segue_checkpoint_live_bytes", status="committed") == 1000
+            assert val(m, "segue_records_processed_total") == 10
+            assert val(m, "segue_records_written_total") == 9
+            assert val(m, "segue_records_dead_lettered_total") == 1
+            # a later scrape counts what was written since, once
+            store.transition_run("r1", RunState.PAUSING, actor=Actor.SCHEDULER, reason="preempted")
+            store.transition_run("r1", RunState.PAUSED, actor=Actor.CONTROLLER, reason="paused")
+            m2 = scrape(base, token)
+            assert val(m2, "segue_preemptions_total") == 1
+            assert val(m2, "segue_pause_latency_seconds_count") == 1
+            assert val(m2, "segue_runs", state="PAUSED") == 1
+            assert val(m2, "segue_step_attempts_started_total") == 1
+        with serving(create_app(pg_home, pool=_test_pool)) as base:  # a new server: same totals
+            m3 = scrape(base, token)
+        counters = {k: v for k, v in m2.items() if k[0].endswith(("_total", "_sum", "_count", "_bucket"))}
+        assert counters == {k: m3[k] for k in counters}
+    finally:
+        store.close()

@@ -2,7 +2,7 @@
 lives here; the tests themselves only see the Store ABC (and, for the tests that
 start other processes, a *target*: the SQLite file's path or the database URL).
 
-PostgreSQL runs on a throwaway server, one per pytest worker process, started
+PostgreSQL runs on a throwaway server (`pg_server`, in tests/conftest.py), one per pytest worker process, started
 on first use; every test gets a fresh database. Without the server binaries or
 psycopg, the postgres cases skip and say why; they never pass silently.
 """
@@ -15,30 +15,10 @@ from pathlib import Path
 import pgserver
 import pytest
 from _store_helpers import open_target
+from cluster_kit import QUICK, Cluster
+from s3kit import s3_bucket
 
 from segue.store import Store
-
-
-@pytest.fixture(scope="session")
-def pg_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[pgserver.PgServer | str]:
-    """The worker's server, or the reason it cannot run (the tests skip with it)."""
-    reason = pgserver.skip_reason()
-    try:
-        import psycopg_pool  # noqa: F401 - PostgresStore needs it; other server users do not
-    except ImportError:
-        reason = reason or "psycopg_pool is not installed; pip install 'segue[postgres]'"
-    if reason is not None:
-        yield reason
-        return
-    try:
-        server = pgserver.PgServer.start()
-    except (RuntimeError, OSError) as e:
-        yield f"cannot start a throwaway PostgreSQL server: {e}"
-        return
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
@@ -85,3 +65,24 @@ def store(request: pytest.FixtureRequest, new_target: Callable[[str], str]) -> I
         yield s
     finally:
         s.close()
+
+
+@pytest.fixture
+def cluster(new_target: Callable[[str], str], s3_endpoint: str, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    url = new_target("postgres")
+    bucket, aws = s3_bucket(s3_endpoint)
+    for k, v in aws.items():  # this process reads the outputs from the bucket too
+        monkeypatch.setenv(k, v)
+    from segue.store.postgres import PostgresStore
+
+    store = PostgresStore(url)
+    c = Cluster(tmp_path, {"SEGUE_STORE": url, **aws, **QUICK}, store)
+    c.env["SEGUE_CHECKPOINTS"] = f"s3://{bucket}/runs"
+    for host in "abc":
+        (tmp_path / host).mkdir()
+    try:
+        yield c
+    finally:
+        c.stop()
+        store.close()

@@ -22,17 +22,13 @@ from __future__ import annotations
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from s3kit import s3_bucket
+from cluster_kit import QUICK, Cluster
 from segue_helpers import FLOWS, Segue, wait_for
 
 from segue.run.procs import pid_alive
@@ -40,65 +36,6 @@ from segue.states import RunState
 from segue.store import Store
 
 COUNTER = str(FLOWS / "counter.py")
-# The run's leases (seconds): a failover waits for the dead controller's to expire. Short,
-# but long enough for a worker to start and send its first heartbeat on a loaded machine.
-TTL = "5"
-AGENT_TTL = "3"  # the agents' own leases in the store
-QUICK = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05", "SEGUE_LEASE_TTL_S": TTL}
-
-
-@dataclass
-class Cluster:
-    root: Path
-    env: dict[str, str]  # shared by every host: the store URL, the S3 credentials
-    store: Store
-    agents: dict[str, subprocess.Popen[str]] = field(default_factory=dict)
-
-    def home(self, host: str) -> Segue:
-        s = Segue(self.root / host / "home")
-        s.env.update(self.env)
-        s.env.update({"SEGUE_HOST_ID": host, "SEGUE_POOL": str(self.root / host / "pool.db")})
-        return s
-
-    def start_agent(self, host: str, env: dict[str, str] | None = None) -> None:
-        h = self.home(host)
-        h.env.update(env or {})
-        with open(self.root / f"agent-{host}.log", "a") as log:  # the child keeps its own descriptor
-            self.agents[host] = subprocess.Popen(
-                [sys.executable, "-m", "segue", "agent", "--host-id", host, "--ttl", AGENT_TTL, "--poll", "0.2"],
-                stdout=log, stderr=subprocess.STDOUT, text=True, env=h.env)
-        pid = self.agents[host].pid
-        wait_for(lambda: any(x.host == host and x.pid == pid and x.alive(self.store.now())
-                             for x in self.store.list_hosts()), 60, f"host {host}'s agent to register")
-
-    def stop(self) -> None:
-        for p in self.agents.values():
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-
-
-@pytest.fixture
-def cluster(new_target: Callable[[str], str], s3_endpoint: str, tmp_path: Path,
-            monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    url = new_target("postgres")
-    bucket, aws = s3_bucket(s3_endpoint)
-    for k, v in aws.items():  # this process reads the outputs from the bucket too
-        monkeypatch.setenv(k, v)
-    from segue.store.postgres import PostgresStore
-
-    store = PostgresStore(url)
-    c = Cluster(tmp_path, {"SEGUE_STORE": url, **aws, **QUICK}, store)
-    c.env["SEGUE_CHECKPOINTS"] = f"s3://{bucket}/runs"
-    for host in "abc":
-        (tmp_path / host).mkdir()
-    try:
-        yield c
-    finally:
-        c.stop()
-        store.close()
-
-
 def _assert_counter_output(segue: Segue, run: str, ref: dict[str, Any], n: int) -> None:
     got = segue.output(run, "count")
     assert got["acc"] == ref["count"]["acc"] and got["i"] == n

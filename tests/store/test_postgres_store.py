@@ -35,13 +35,6 @@ R, T = RunState, TaskState
 
 
 @pytest.fixture
-def pg(pg_server: pgserver.PgServer | str) -> pgserver.PgServer:
-    if isinstance(pg_server, str):
-        pytest.skip(pg_server)
-    return pg_server
-
-
-@pytest.fixture
 def target(pg: pgserver.PgServer, new_target: Callable[[str], str]) -> str:
     return new_target("postgres")
 
@@ -477,3 +470,40 @@ def test_a_commit_cut_off_before_the_server_got_it_is_retried(
     rec = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
     assert rec.epoch == 1 and store.get_task("r1", "train") == rec
     assert _transitions(store).count(("task", "PENDING", "RUNNING")) == 1
+
+
+def test_waiters_wake_on_a_committed_event_and_poll_when_notifications_are_lost(
+        store: PostgresStore, target: str, pg: pgserver.PgServer) -> None:
+    """LISTEN/NOTIFY shortens a waiter's sleep; a lost listener (a server restart, a
+    terminated session) only makes it poll, and the next wait listens again."""
+    waiter = PostgresStore(target)
+    try:
+        assert waiter.wait_for_change(0.0) is False  # listening from now on
+        woke: list[bool] = []
+        t = threading.Thread(target=lambda: woke.append(waiter.wait_for_change(120.0)))
+        t.start()
+        make_run(store)  # its creation event commits: the waiter wakes, long before 120 s
+        t.join(timeout=120)
+        assert woke == [True] and waiter._listener.woken >= 1
+        # A write that rolls back notifies nobody.
+        with pytest.raises(ControllerConflictError):
+            store.acquire_controller("r1", pid=1, host="h", ttl_s=60)
+            store.acquire_controller("r1", pid=2, host="h", ttl_s=60)
+        assert waiter.wait_for_change(0.0) is True  # the first acquire's event, pending
+        assert waiter.wait_for_change(0.2) is False
+        # The listener's session dies: the wait sleeps instead of failing, and says so.
+        assert _sql(target, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                            " WHERE application_name = 'segue-listen'") == 1
+        assert waiter.wait_for_change(0.2) is False
+        assert waiter._listener.failures == 1
+        assert waiter.wait_for_change(0.0) is False  # connected again
+        make_run(store, "r2")
+        assert waiter.wait_for_change(120.0) is True
+        pg.restart()  # the same across a server restart
+        assert waiter.wait_for_change(0.2) is False and waiter._listener.failures == 2
+        make_run(store, "r3")  # (the store's own pool reconnects by its retry rules)
+        waiter.wait_for_change(0.0)  # listening again; r3's event may have come before
+        make_run(store, "r4")
+        assert waiter.wait_for_change(120.0) is True
+    finally:
+        waiter.close()

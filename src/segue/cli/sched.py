@@ -43,7 +43,7 @@ def cmd_queue(a: argparse.Namespace, client: LocalClient) -> int:
         return 0
     if not rows:
         print("nothing is waiting")
-    here = str(client.home.root)
+    here = client.pool_home
     for r in rows:
         where = "" if r["home"] == here else f" (home {r['home']})"
         print(f"{r['run_id']}/{r['step']:<12} {r['priority_class']:<7} needs {r['needs']:<28} "

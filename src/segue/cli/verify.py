@@ -40,7 +40,7 @@ def _stop(signum: int, frame: Any) -> None:
     raise _Stopped(signum)
 
 
-def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | None = None) -> int:
+def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | str | None = None) -> int:
     from ..verify import run_verify  # the comparison imports NumPy: only when verifying
     from ..verify.reaper import Watchdog, reap
 

@@ -14,7 +14,9 @@ due now, for when neither runs (from cron, say).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from ..client.local import LocalClient
@@ -66,13 +68,17 @@ def cmd_webhook(a: argparse.Namespace, client: LocalClient) -> int:
         a.webhook_cmd](a, client)
 
 
-def _outbox(client: LocalClient) -> Any:
-    from ..store import sqlite_only
-    from ..store.outbox import SQLiteOutbox
+@contextlib.contextmanager
+def _outbox(client: LocalClient) -> Iterator[Any]:
+    """The home's outbox (SQLite or PostgreSQL, as its store), closed after use."""
+    from ..store import open_outbox
 
-    sqlite_only(client.home.root, "webhooks")
-    client.home.ensure()  # the database file with its private mode; SQLiteOutbox migrates it
-    return SQLiteOutbox(client.home.db_path)
+    client.home.ensure()  # the database file with its private mode; the outbox migrates it
+    box = open_outbox(client.home.root)
+    try:
+        yield box
+    finally:
+        box.close()
 
 
 def _add(a: argparse.Namespace, client: LocalClient) -> int:
@@ -82,7 +88,8 @@ def _add(a: argparse.Namespace, client: LocalClient) -> int:
     hook = hooks.add(a.url, events, secret=secret, runs=a.run,
                                       max_attempts=a.max_attempts, backoff_s=a.backoff,
                                       timeout_s=a.timeout)
-    _outbox(client).start_hook(hook.id)  # from now on: no backlog of older transitions
+    with _outbox(client) as box:
+        box.start_hook(hook.id)  # from now on: no backlog of older transitions
     print(hook.id)
     scope = f"runs {', '.join(hook.runs)}" if hook.runs else "every run of the home"
     print(f"webhook {hook.id}: {', '.join(events)} of {scope} -> {hook.url}", file=sys.stderr)
@@ -94,7 +101,10 @@ def _add(a: argparse.Namespace, client: LocalClient) -> int:
 
 def _ls(a: argparse.Namespace, client: LocalClient) -> int:
     hooks = HooksFile(client.home).load()
-    counts = _outbox(client).counts() if hooks and client.home.exists() else {}
+    counts: dict[tuple[str, str], int] = {}
+    if hooks and client.home.exists():
+        with _outbox(client) as box:
+            counts = box.counts()
     rows = []
     for h in hooks.values():
         doc = h.to_json(secret=False)
@@ -114,7 +124,10 @@ def _ls(a: argparse.Namespace, client: LocalClient) -> int:
 
 def _rm(a: argparse.Namespace, client: LocalClient) -> int:
     hook = HooksFile(client.home).remove(a.id)
-    dropped = _outbox(client).drop_hook(hook.id) if client.home.exists() else 0
+    dropped = 0
+    if client.home.exists():
+        with _outbox(client) as box:
+            dropped = box.drop_hook(hook.id)
     print(f"webhook {hook.id} removed ({dropped} deliveries forgotten)")
     return 0
 
@@ -122,8 +135,10 @@ def _rm(a: argparse.Namespace, client: LocalClient) -> int:
 def _deliveries(a: argparse.Namespace, client: LocalClient) -> int:
     if a.limit < 1:
         raise UsageError(f"--limit must be >= 1, not {a.limit}")
-    rows = _outbox(client).deliveries(hook_id=a.hook, run_id=a.run, limit=a.limit) \
-        if client.home.exists() else []
+    rows: list[Any] = []
+    if client.home.exists():
+        with _outbox(client) as box:
+            rows = box.deliveries(hook_id=a.hook, run_id=a.run, limit=a.limit)
     docs = [{"delivery": d.event_id, "hook": d.hook_id, "run_id": d.run_id, "event": d.event,
              "status": d.status, "attempts": d.attempts, "next_at": d.next_at,
              "last_error": d.last_error, "created_at": d.created_at, "updated_at": d.updated_at}

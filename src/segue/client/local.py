@@ -68,7 +68,9 @@ class LocalClient(BaseClient):
         from ..store.hostpool import pool_path
 
         self.home = home if isinstance(home, Home) else Home.resolve(home)
-        self.pool_path = Path(pool).expanduser().resolve() if pool is not None else pool_path()
+        self.pool_path: Path | str = (
+            pool if isinstance(pool, str) and pool.startswith(("postgresql://", "postgres://"))
+            else Path(pool).expanduser().resolve() if pool is not None else pool_path(self.home.root))
         self.actor = actor
         self._prices = dict(prices or {})
         self._store: Store | None = None
@@ -95,6 +97,13 @@ class LocalClient(BaseClient):
     def _reading(self) -> Store:
         ops.require_home(self.home)  # reading never creates a home
         return self.store
+
+    @property
+    def pool_home(self) -> str:
+        """How the pool names this home's runs (its path; a cluster's id on PostgreSQL)."""
+        from ..store.hostpool import home_key
+
+        return home_key(self.home.root, self.store if self.home.exists() else None)
 
     def _open_pool(self) -> Any:
         if self._pool is None:
@@ -240,8 +249,7 @@ class LocalClient(BaseClient):
             pool = self._open_pool()
         except StoreError:
             pool = None
-        doc = run_status(self._reading(), run, prices_now, pool=pool,
-                         home_key=str(self.home.root))
+        doc = run_status(self._reading(), run, prices_now, pool=pool, home_key=self.pool_home)
         return RunStatus.from_json(doc)
 
     def summary(self, run: str) -> RunSummary:
@@ -332,7 +340,7 @@ class LocalClient(BaseClient):
         pool = self._open_pool()
         hp = ensure_host(pool, this_host())
         doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if any(
-            not d.virtual for d in hp.devices) else {}, home=str(self.home.root))
+            not d.virtual for d in hp.devices) else {}, home=self.pool_home)
         return PoolView(**{**doc, "devices": [DeviceView.from_json(d) for d in doc["devices"]],
                            "pool": str(pool.path)})
 

@@ -23,8 +23,10 @@ from dataclasses import dataclass
 from .._canon import canonical_json
 from ..home import Home
 from ..hostname import this_host
-from ..store.base import Clock, now
+from ..store import open_outbox
+from ..store.base import Clock
 from ..store.outbox import Delivery, RunEvent, SQLiteOutbox
+from ..store.postgres_outbox import PostgresOutbox
 from .hooks import Hook, HooksFile, notification_of
 from .signing import sign
 from .transport import Answer, post
@@ -64,12 +66,12 @@ def body_of(home: Home, hook: Hook, notification: str, e: RunEvent) -> str:
 class Pump:
     """Delivers the notifications of one home. Not thread-safe: one per thread."""
 
-    def __init__(self, home: Home, *, clock: Clock = now, owner: str | None = None) -> None:
+    def __init__(self, home: Home, *, clock: Clock | None = None, owner: str | None = None) -> None:
         self.home = home
         self.hooks = HooksFile(home)
-        self.clock = clock
+        self._clock = clock  # None: the outbox's (SQLite: this host's; PostgreSQL: the database's)
         self.owner = owner or f"{this_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self._box: SQLiteOutbox | None = None
+        self._box: SQLiteOutbox | PostgresOutbox | None = None
         # What the last full pass saw: while nothing changed, a pass is one cheap read.
         self._seen: tuple[int, object] | None = None
         self._full_at = -FULL_PASS_S
@@ -77,13 +79,14 @@ class Pump:
         self._next_due: float | None = None
 
     @property
-    def outbox(self) -> SQLiteOutbox:
+    def outbox(self) -> SQLiteOutbox | PostgresOutbox:
         if self._box is None:
-            from ..store import sqlite_only
-
-            sqlite_only(self.home.root, "the webhook outbox")  # events of every run, paged by id
-            self._box = SQLiteOutbox(self.home.db_path, clock=self.clock)
+            self._box = open_outbox(self.home.root, clock=self._clock)  # the home's backend
         return self._box
+
+    def clock(self) -> float:
+        """The clock deliveries are timed by: the outbox's, unless one was given."""
+        return self._clock() if self._clock is not None else self.outbox.now()
 
     def close(self) -> None:
         if self._box is not None:
@@ -116,7 +119,7 @@ class Pump:
         if not hooks or not self.home.exists():
             return PumpResult()
         t = time.monotonic()
-        seen = (self.outbox.last_event_id(), hooks)  # load() returns the same dict while unchanged
+        seen = (self.outbox.last_position(), hooks)  # load() returns the same dict while unchanged
         if (self._seen is not None and seen[0] == self._seen[0] and seen[1] is self._seen[1]
                 and t - self._full_at < FULL_PASS_S
                 and (self._next_due is None or self._next_due > self.clock())):
@@ -140,7 +143,8 @@ class Pump:
         return PumpResult(queued, delivered, retrying, given_up, self._next_due)
 
     def queue(self, hooks: dict[str, Hook]) -> int:
-        """Match new run transitions against every hook; returns how many were queued."""
+        """Match new run transitions against every hook; returns how many were queued.
+        Cursors and ``upto`` are commit positions (:mod:`segue.store.outbox`)."""
         box = self.outbox
         cursors = box.cursors(hooks)
         start = min(cursors.values())
@@ -150,7 +154,7 @@ class Pump:
             items = []
             for e in events:
                 name = notification_of(e.to_state, e.actor)
-                if e.id > cursors[hook.id] and name is not None and hook.wants(name, e.run_id):
+                if e.pos > cursors[hook.id] and name is not None and hook.wants(name, e.run_id):
                     items.append((e.id, e.run_id, name, body_of(self.home, hook, name, e)))
             # Write only when something matched, or to keep the scan short: an idle
             # pump must not take the write lock every time round.

@@ -27,13 +27,14 @@ from ..hostname import this_host
 from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import Clock, RunRecord, Store, TaskRecord
-from ..store.hostpool import open_pool
+from ..store.hostpool import home_key, open_pool, pool_path
 from .exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 from .logs import attempt_log_path, record_failure
 from .options import RunOptions
 from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
 from .procs import pid_alive
 from .recovery import describe_exit, reclaim_orphan
+from .storage_check import shared_storage
 
 log = logging.getLogger("segue.controller")
 
@@ -110,9 +111,13 @@ class Controller:
         self._disk_full: str | None = None  # an attempt's disk-full error: the run pauses
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
+        # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
+        pool = open_pool(self.pool_path or pool_path(self.home.root))
+        self.moved_to: str | None = None  # the host the run was handed over to, if any
         self.sched = RunScheduler(
-            store=self.store, pool=open_pool(self.pool_path), home=str(self.home.root),  # the pool: host-wide
+            store=self.store, pool=pool, home=home_key(self.home.root, self.store),
             run_id=self.run_id, steps=self.steps, host=self.host,
+            shared_storage=shared_storage(self.options.checkpoints),
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
             gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
@@ -122,7 +127,9 @@ class Controller:
     def _spawn_controller(self, home: str, run_id: str) -> None:
         from .ops import spawn_detached  # ops builds on this module
 
-        spawn_detached(Home.resolve(home), run_id, pool=self.pool_path)
+        # A run of this store (every run of a cluster's store has its key) is this home's.
+        spawn_detached(self.home if home == self.sched.home else Home.resolve(home), run_id,
+                       pool=self.pool_path)
 
     # -- ownership -----------------------------------------------------------
     def acquire(self) -> None:
@@ -389,9 +396,23 @@ class Controller:
         if failed:
             return self._failing(failed)
         self._schedule(by_state)
+        if self.sched.move_to is not None and not self.attempts:
+            return self._hand_over(*self.sched.move_to)
         if self.sched.unsatisfiable:
             return self._unsatisfiable(self.sched.unsatisfiable)
         return None
+
+    def _hand_over(self, host: str, why: str) -> RunState:
+        """Leave the run, RUNNING, to the agent of ``host`` (a cluster-wide pool): this
+        controller releases its lease on the way out and that agent starts one there."""
+        self.store.append_event(
+            self.run_id, "scheduler", actor=Actor.SCHEDULER,
+            reason=f"moving the run to host {host}: {why}; the agent of host {host} starts "
+                   "its controller there",
+            data={"host": host, "from_host": self.host})
+        self.sched.moved = True
+        self.moved_to = host
+        return RunState.RUNNING
 
     def _unsatisfiable(self, why: str) -> RunState | None:
         # The pool shrank under the run (`segue pool set` smaller): fail it with

@@ -14,6 +14,13 @@ nobody took the run since) and resumes it from its last checkpoints. A
 PAUSING run whose controller is gone is not resumed: the agent finishes the
 pause (``ops.settle_orphaned_pause``), as the operator asked.
 
+On a cluster-wide pool, a run whose controller handed it over to another host
+(it fits there; ``scheduler.agent``) waits in that host's line: only that
+host's agent takes it, while its agent lives. Between polls the agent sleeps in
+``Store.wait_for_change``: on PostgreSQL it wakes as soon as any run's event
+commits (LISTEN/NOTIFY), so a handed-over run starts at once; the poll still
+bounds the wait when notifications are lost.
+
 The agent holds nothing that matters: killed, it loses only its lease, and
 the controllers it started keep running (they are detached). Two agents of
 the same host name are refused while the first one's lease lives.
@@ -29,6 +36,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +45,7 @@ from ..home import Home
 from ..hostname import ENV as HOST_ENV
 from ..states import RunState
 from ..store.base import RunRecord, Store
+from ..store.hostpool import home_key, open_pool, pool_path
 from . import ops
 from .options import RunOptions
 from .procs import pid_alive
@@ -45,6 +54,7 @@ log = logging.getLogger("segue.agent")
 
 AGENT_TTL_S = 10.0  # the host's lease in the store
 POLL_S = 1.0  # how often it looks for runs without a controller
+MIN_TICK_S = 0.1  # how often at most, when woken by the store's notifications
 
 
 @dataclass
@@ -58,6 +68,7 @@ class HostAgent:
     info: dict[str, Any] = field(default_factory=dict)
     epoch: int = 0
     taken: list[str] = field(default_factory=list)  # runs this agent took over, in order
+    _pool: Any = None  # opened at the first tick that needs it
 
     @property
     def actor(self) -> str:
@@ -79,8 +90,12 @@ class HostAgent:
         """Tick until ``stop`` is set or another agent registers this host (FencedError)."""
         try:
             while not stop.is_set():
+                started = time.monotonic()
                 self.tick()
-                stop.wait(self.poll_s)
+                # Woken early by a run's event (PostgreSQL's LISTEN/NOTIFY: a controller
+                # let go of its run), at most every MIN_TICK_S; else every poll.
+                self.store.wait_for_change(self.poll_s)
+                stop.wait(max(0.0, MIN_TICK_S - (time.monotonic() - started)))
         finally:
             self.store.release_host(self.host, self.epoch)
 
@@ -90,12 +105,19 @@ class HostAgent:
         self.store.renew_host(self.host, self.epoch, self.ttl_s)
         taken: list[str] = []
         at = self.store.now()
+        moving: dict[str, str] | None = None
         for run in self.store.list_runs(states=(RunState.RUNNING, RunState.PAUSING)):
             if not self._orphaned(run, at):
                 continue
             if run.state == RunState.PAUSING:
                 ops.settle_orphaned_pause(self.store, run.run_id, actor=self.actor)
-            elif self._take_over(run):
+                continue
+            if moving is None:
+                moving = self._moving(at)
+            target = moving.get(run.run_id)
+            if target is not None and target != self.host:
+                continue  # moving to a host whose agent is alive: that agent starts it
+            if self._take_over(run, moved=target == self.host):
                 taken.append(run.run_id)
         self.taken += taken
         return taken
@@ -109,7 +131,19 @@ class HostAgent:
         # out a store outage (run.outage); it renews again once the store answers.
         return not (local and pid_alive(run.controller_pid))
 
-    def _take_over(self, run: RunRecord) -> bool:
+    def _moving(self, at: float) -> dict[str, str]:
+        """Runs a controller handed over to another host (a cluster-wide pool): run id ->
+        the live host whose line the run waits in. Empty for a host-wide pool."""
+        if self._pool is None:
+            self._pool = open_pool(self.pool or pool_path(self.home.root))
+        if not getattr(self._pool, "cluster", False):
+            return {}
+        key = home_key(self.home.root, self.store)
+        live = {h.host for h in self.store.list_hosts() if h.alive(at)}
+        return {r.run_id: r.host for r in self._pool.list_requests()
+                if r.home == key and r.host in live}
+
+    def _take_over(self, run: RunRecord, *, moved: bool = False) -> bool:
         ttl = RunOptions.from_json(run.options).lease_ttl_s
         try:
             # Only at the epoch judged dead: if anyone took the run since (another agent,
@@ -120,12 +154,15 @@ class HostAgent:
             return False  # another agent (or a `segue resume`) was first
         who = (f"pid {run.controller_pid} on host {run.controller_host}" if run.controller_pid
                else "none recorded")
+        why = ("the scheduler moved the run here" if moved else
+               f"its controller ({who}) stopped renewing its lease")
         self.store.append_event(
             run.run_id, "agent", actor=self.actor,
-            reason=f"taken over by the agent of host {self.host}: its controller ({who}) stopped "
-                   "renewing its lease; resuming from the last checkpoints",
+            reason=f"taken over by the agent of host {self.host}: {why}; resuming from the last "
+                   "checkpoints",
             data={"host": self.host, "claim_epoch": claim, "from_host": run.controller_host,
-                  "from_pid": run.controller_pid, "lease_until": run.controller_lease_until},
+                  "from_pid": run.controller_pid, "lease_until": run.controller_lease_until,
+                  "moved": moved},
         )
         ops.spawn_detached(self.home, run.run_id, pool=self.pool, claim=(claim, run.controller_host))
         log.info("took over run %s from %s (claim epoch %d)", run.run_id, who, claim)

@@ -191,8 +191,8 @@ def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False,
     takes the lease over only at that epoch (see run.hostagent)."""
     log = home.logs_dir(run_id) / "controller.log"
     cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
-    if pool is not None:
-        cmd += ["--pool", str(pool)]
+    if pool is not None and not str(pool).startswith(("postgresql://", "postgres://")):
+        cmd += ["--pool", str(pool)]  # a cluster's pool is the home's store: no URL in argv
     if claim is not None:
         cmd += ["--claim-epoch", str(claim[0])] + (["--prev-host", claim[1]] if claim[1] else [])
     if allow_code_change:

@@ -55,3 +55,10 @@ def check_checkpoints(url: str) -> str:
         raise UsageError(f"cannot write checkpoints to {url}: {type(exc).__name__}: "
                          f"{str(exc).splitlines()[0] if str(exc) else ''}{more}") from None
     return url
+
+
+def shared_storage(location: str) -> bool:
+    """Whether a run's ``checkpoints`` location is readable from every host (an fsspec
+    URL other than a local file): only then may its controller move between hosts
+    once it has progress (a local directory of a dead host is gone with it)."""
+    return "://" in location and not location.startswith("file://")

@@ -1,4 +1,5 @@
-"""Admission: refuse at submit a run that can never be placed on this host.
+"""Admission: refuse at submit a run that can never be placed on this host (on a
+cluster-wide pool: on any host of the cluster).
 
 A run whose step needs more GPUs (or bigger ones) than the host pool has would
 otherwise wait in RUNNING for ever. Only GPU needs are checked: CPU and memory
@@ -26,10 +27,13 @@ def check_satisfiable(
     needs = {s: step_need(steps, s, gpus, gpu_memory) for s in order}
     if not any(n.gpus for n in needs.values()):
         return  # CPU-only runs never need the pool at submit
-    hp = ensure_host(pool(), host or this_host())  # opened only for a GPU run
+    opened = pool()  # opened only for a GPU run
+    hp = ensure_host(opened, host or this_host())
+    # A cluster-wide pool: the run may go on on any host of the cluster.
+    others = opened.list_hosts() if opened.cluster else []
     for step, need in needs.items():
         why = never_fits(need, hp)
-        if why is None:
+        if why is None or any(never_fits(need, o) is None for o in others):
             continue
         fix = ("no GPU driver was found; on a machine without GPUs add virtual ones with "
                "`segue pool set --gpus N`" if hp.source == "none" and not hp.devices

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import FencedError, IllegalTransitionError, SegueError
 from ..flow.model import StepSpec
@@ -42,6 +42,9 @@ log = logging.getLogger("segue.scheduler")
 
 REFRESH_S = 0.5  # how often a waiting request is re-announced (it has a lease)
 MIN_PREEMPT_TTL_S = 5.0  # how long a preemption request waits for the victim's controller
+# How long a run moving to another host keeps its place in that host's queue: its
+# agent starts a controller there within a poll, which announces the run itself.
+MOVE_HOLD_S = 30.0
 
 # The home store as the scheduler uses it (SQLiteStore or PostgresStore): the Store contract plus
 # run statistics, the local view of waiting requests and start_placed_attempt.
@@ -68,6 +71,14 @@ class RunScheduler:
     # (home, run) -> (devices promised by a partial preemption, when asked)
     _partial: dict[tuple[str, str], tuple[set[int], float]] = field(default_factory=dict)
     unsatisfiable: str | None = None  # set when a step can never fit on this host
+    # A cluster-wide pool (a PostgreSQL store): may the run go on on another host? Only
+    # when its checkpoints and outputs are where every host reads them, or it has none.
+    shared_storage: bool = False
+    move_to: tuple[str, str] | None = None  # (host, why): the run goes on there (see try_place)
+    moved: bool = False  # handed over: close() keeps the request that holds its place there
+    _target: str | None = None  # the host whose runs were preempted for us (None: this one)
+    _hosts: list[str] = field(default_factory=list)  # _other_hosts, as last looked at
+    _hosts_at: float = 0.0
     _announced: dict[str, float] = field(default_factory=dict)
     _reasons: dict[str, str] = field(default_factory=dict)
     _preempt_t0: float = 0.0
@@ -100,23 +111,34 @@ class RunScheduler:
 
     # -- placing ---------------------------------------------------------------
     def try_place(self, step: str, *, actor: str) -> Placement | None:
+        """Start ``step`` on devices of this host, or say why not. On a cluster-wide
+        pool the answer may be ``move_to``: the step fits (or was made room for) on
+        another host, and the controller hands the run over to that host's agent."""
         need = self.need(step)
         prio = self.effective_priority()
+        self.move_to = None
         if self.victims and not self._victims_parked():
             # Keep our request alive: it is what stops the victims (and anyone
             # else) from taking the capacity back while it frees.
             self._announce(step, need, prio, Denied(self._reasons.get(step) or
                                                     "waiting for preempted runs to park"))
             return None
+        if self.victims and self._target not in (None, self.host):
+            target = cast(str, self._target)
+            freed = ", ".join(sorted(self._label(*v) for v in self.victims))
+            self._move(target, step, need, prio, f"preempted {freed} there for step {step!r}")
+            return None
         res = self.pool.allocate(self.home, self.run_id, step, host=self.host, need=need,
                                  priority=prio, preemptible=self.preemptible, ttl_s=self.lease_ttl_s)
         if isinstance(res, Denied):
-            if res.never:
+            if self._fits_elsewhere(step, need, prio, res):
+                return None
+            if res.never and not self._could_fit_elsewhere(need):
                 self.unsatisfiable = f"step {step!r} {res.reason}"
                 return None
             self._announce(step, need, prio, res)
             if not self.victims:
-                self._maybe_preempt(step, need, prio)
+                self._maybe_preempt(step, need, prio, on_this_host=not res.never)
             return None
         task = self._start(step, res, actor)
         if task is None:
@@ -129,6 +151,7 @@ class RunScheduler:
                 data={"devices": list(res.devices), "victims": sorted(r for _, r in self.victims)},
             )
             self.victims.clear()
+        self._target = None
         self._announced.pop(step, None)
         self._reasons.pop(step, None)
         return Placement(task, res.devices)
@@ -159,17 +182,19 @@ class RunScheduler:
             self.store.append_event(self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
                                     reason=denied.reason, data={"need": need.describe()})
         if changed or now - self._announced.get(step, 0) > REFRESH_S:
-            self.pool.upsert_request(self.home, self.run_id, step, host=self.host, need=need,
+            # Waiting for runs preempted on another host: wait in that host's line.
+            host = self._target or self.host
+            self.pool.upsert_request(self.home, self.run_id, step, host=host, need=need,
                                      priority=prio, reason=denied.reason, ttl_s=self.lease_ttl_s)
             # The home's own view, for `segue status` and `segue ls`.
-            self.store.upsert_request(self.run_id, step, host=self.host, need=need, priority=prio,
+            self.store.upsert_request(self.run_id, step, host=host, need=need, priority=prio,
                                       reason=denied.reason, ttl_s=self.lease_ttl_s)
             self._announced[step] = now
             self._reasons[step] = denied.reason
 
     def _victims_parked(self) -> bool:
         """Have the victims let go of their devices? Forget them if one refused."""
-        allocs = self.pool.list_allocations(self.host)
+        allocs = self.pool.list_allocations(self._target or self.host)
         holding = {(a.home, a.run_id) for a in allocs}
         waiting = False
         for victim, req_id in self.victims.items():
@@ -185,8 +210,7 @@ class RunScheduler:
                     # It never gave them back (its step cannot shrink now): choose again;
                     # promised devices are no spare candidates, so the run pauses whole.
                     log.info("partial preemption of %s not honoured; choosing again", victim)
-                    self.victims.clear()
-                    self._partial.clear()
+                    self._forget_victims()
                     return True
             req = self.pool.preemption(req_id)
             if req is None or req.outcome is not None and req.outcome != "accepted" or (
@@ -195,21 +219,27 @@ class RunScheduler:
                 # answered: choose again from what holds the host now.
                 log.info("preemption of %s not accepted (%s); choosing again", victim,
                          req.outcome if req else "gone")
-                self.victims.clear()
-                self._partial.clear()
+                self._forget_victims()
                 return True
             waiting = True
         if not waiting:
             self._partial.clear()
         return not waiting
 
-    def holders(self) -> list[Holder]:
-        hp = self.pool.get_host(self.host)
+    def _forget_victims(self) -> None:
+        self.victims.clear()
+        self._partial.clear()
+        self._target = None
+
+    def holders(self, host: str | None = None) -> list[Holder]:
+        """What holds devices of ``host`` (default: this one), as preemption candidates."""
+        host = host or self.host
+        hp = self.pool.get_host(host)
         mem = {d.index: d.memory for d in hp.devices} if hp else {}
         kind = kinds(hp) if hp else {}
         now = time.time()
         by_run: dict[tuple[str, str], list] = {}
-        for a in self.pool.list_allocations(self.host):
+        for a in self.pool.list_allocations(host):
             if (a.home, a.run_id) != (self.home, self.run_id):
                 by_run.setdefault((a.home, a.run_id), []).append(a)
         out = []
@@ -242,13 +272,23 @@ class RunScheduler:
                         steps=(a.step,), partial=a.step))
         return out
 
-    def _maybe_preempt(self, step: str, need: Need, prio: int) -> None:
-        free = self.pool.free_capacity(self.host, self.home)
-        if place(need, free) is not None:
-            return  # it fits; we are only waiting for our turn
-        victims = choose_victims(need, free, self.holders(), prio)
-        if not victims:
+    def _maybe_preempt(self, step: str, need: Need, prio: int, *, on_this_host: bool = True) -> None:
+        """Ask the cheapest set of lower-priority runs to free ``need``: on this host
+        (``on_this_host``: the step can fit here), or on another host of a cluster-wide pool
+        when that takes fewer runs; the run then moves there (:meth:`try_place`)."""
+        best: tuple[tuple[int, bool], str, list[Holder]] | None = None
+        for host in ([self.host] if on_this_host else []) + self._other_hosts():
+            free = self.pool.free_capacity(host, self.home)
+            if place(need, free) is not None:
+                return  # it fits there; we are only waiting for our turn
+            found = choose_victims(need, free, self.holders(host), prio) or []
+            rank = (len(found), host != self.host)
+            if found and (best is None or rank < best[0]):
+                best = (rank, host, found)
+        if best is None:
             return
+        _, target, victims = best
+        self._target = None if target == self.host else target
         t = time.time()
         seen: set[tuple[str, str]] = set()
         here = "" if not victims or all(v.home == self.home for v in victims) \
@@ -283,15 +323,81 @@ class RunScheduler:
                 seen.add(v.run)
                 said.append(f"devices {partial[v.run]} of {self._label(v.home, v.run_id)} step "
                             f"{v.partial!r} ({priority_name(v.priority)}; partial: it keeps running)")
-        why = "; ".join(said)
+        why = "; ".join(said) + ("" if target == self.host else f" on host {target}")
         self.store.append_event(
             self.run_id, "scheduler", actor=Actor.SCHEDULER, step=step,
             reason=f"preempting {why}: lowest priority first, spare sub-workers before whole runs, "
                    f"then least work lost, then least preempted",
             data={"victims": list(dict.fromkeys(v.run_id for v in victims)),
                   "homes": list(dict.fromkeys(v.home for v in victims)),
-                  "need": need.describe()},
+                  "need": need.describe(), "host": target},
         )
+
+    # -- other hosts (a cluster-wide pool) ------------------------------------------
+    def _other_hosts(self) -> list[str]:
+        """Hosts this run may move to: on a cluster-wide pool, those whose agent is
+        alive (it starts the run's controller there), when the run's state can move."""
+        if not self.pool.cluster:
+            return []
+        t = time.monotonic()
+        if t >= self._hosts_at:  # a waiting run asks every tick: look again twice a second
+            at = self.store.now()
+            self._hosts = [] if not self._movable() else [
+                h.host for h in self.store.list_hosts() if h.alive(at) and h.host != self.host]
+            self._hosts_at = t + REFRESH_S
+        return self._hosts
+
+    def _movable(self) -> bool:
+        if self.shared_storage:
+            return True
+        # Local checkpoints and outputs stay on this host: only a run with none may move.
+        done = any(t.state == TaskState.SUCCEEDED for t in self.store.get_tasks(self.run_id))
+        return not done and not self.store.list_checkpoints(self.run_id)
+
+    def _fits_elsewhere(self, step: str, need: Need, prio: int, denied: Denied) -> bool:
+        """Move the run to another host where ``need`` fits now (nobody better waits there)."""
+        if not need.gpus:
+            return False  # CPU steps run where their controller runs
+        for host in self._other_hosts():
+            hp = self.pool.get_host(host)
+            if hp is None or never_fits(need, hp) is not None:
+                continue
+            free = self.pool.free_capacity(host, self.home)
+            if place(need, free) is None or self._behind(host, need, prio, free, time.time()):
+                continue
+            self._move(host, step, need, prio, f"step {step!r} needs {need.describe()}, free "
+                                               f"on host {host} (here: {denied.reason})")
+            return True
+        return False
+
+    def _could_fit_elsewhere(self, need: Need) -> bool:
+        for host in self._other_hosts():
+            hp = self.pool.get_host(host)
+            if hp is not None and never_fits(need, hp) is None:
+                return True
+        return False
+
+    def _move(self, host: str, step: str, need: Need, prio: int, why: str) -> None:
+        """Hold the run's place in ``host``'s line and ask the controller to hand over."""
+        self.pool.upsert_request(self.home, self.run_id, step, host=host, need=need, priority=prio,
+                                 reason=f"moving here from host {self.host}",
+                                 ttl_s=max(MOVE_HOLD_S, 3 * self.lease_ttl_s))
+        self.move_to = (host, why)
+
+    def _behind(self, host: str, need: Need, prio: int, free: Any, since: float) -> Any:
+        """The waiting request on ``host`` that goes before ours (placement's rule:
+        never ahead of a higher class; FIFO within one), or None."""
+        hp = self.pool.get_host(host)
+        for r in self.pool.list_requests(host):
+            if (r.home, r.run_id) == (self.home, self.run_id) or (
+                    never_fits(r.need, hp) is not None if hp else r.need.gpus > 0):
+                continue  # ourselves, or a request that can never run here (as allocate skips)
+            if r.home != self.home and not (r.need.gpus and need.gpus):
+                continue  # homes compete for devices only
+            if r.priority > prio or (r.priority == prio and r.submitted_at < since and place(
+                    shared_part(r.need, r.home != self.home), free) is not None):
+                return r
+        return None
 
     # -- every controller tick ---------------------------------------------------
     def tick(self, controller_epoch: int, attempts: Mapping[str, int]) -> bool:
@@ -364,7 +470,10 @@ class RunScheduler:
         self.pool.answer_preemption(r.id, "accepted")
 
     def close(self) -> None:
-        """The controller stops: nothing of this run waits any more."""
+        """The controller stops: nothing of this run waits any more (unless it moved:
+        its request holds its place on the other host until a controller there runs)."""
+        if self.moved:
+            return
         self.pool.drop_requests(self.home, self.run_id)
         self.store.drop_request(self.run_id)
 
@@ -431,21 +540,13 @@ class RunScheduler:
             # e.g. "preempted; waiting for 40 GiB on 1 gpu (best free: 16 GiB on gpu 0)"
             self._announce(nxt, need, prio, Denied(f"preempted; {wait_reason(need, free)}"))
             return False
-        hp = self.pool.get_host(self.host)
-        mine = time.time() - self.waited_s()
-        for r in self.pool.list_requests(self.host):
-            if (r.home, r.run_id) == (self.home, self.run_id) or (
-                    never_fits(r.need, hp) is not None if hp else r.need.gpus > 0):
-                continue  # ourselves, or a request that can never run here (as allocate skips)
-            if r.home != self.home and not (r.need.gpus and need.gpus):
-                continue  # homes compete for devices only
-            # The same rule as placement: never ahead of a waiting higher class.
-            if r.priority > prio or (r.priority == prio and r.submitted_at < mine and place(
-                    shared_part(r.need, r.home != self.home), free) is not None):
-                self._announce(nxt, need, prio, Denied(
-                    f"preempted; waiting behind run {r.run_id!r}"
-                    f"{'' if r.home == self.home else f' of home {r.home}'}"))
-                return False
+        # The same rule as placement: never ahead of a waiting higher class.
+        r = self._behind(self.host, need, prio, free, time.time() - self.waited_s())
+        if r is not None:
+            self._announce(nxt, need, prio, Denied(
+                f"preempted; waiting behind run {r.run_id!r}"
+                f"{'' if r.home == self.home else f' of home {r.home}'}"))
+            return False
         return True
 
     def resumed_after_preemption(self) -> float:

@@ -5,8 +5,10 @@ figure from the store at scrape time, so the numbers are the store's, whoever
 wrote them (controllers, workers, the CLI), and a restarted server reports the
 same totals. Counters are a function of the event log: the collector reads it
 once, then only the events written since its previous scrape
-(:mod:`segue.store.metrics_rows`), so scrapes stay cheap with thousands of
-runs. No run id is ever a label.
+(:mod:`segue.store.metrics_rows`; on PostgreSQL :mod:`segue.store.postgres_metrics`),
+so scrapes stay cheap with thousands of runs. Its cursor is a commit position
+(the event id on SQLite, a transaction id on PostgreSQL), so an event committed
+late is still counted, once. No run id is ever a label.
 
 Access: the viewer role, like the rest of the read API (Prometheus sends the
 token with ``authorization: {type: Bearer, credentials_file: ...}``, see
@@ -55,8 +57,10 @@ from ..client.local import LocalClient
 from ..client.records import PoolView
 from ..home import Home
 from ..states import Actor, RunState, TaskState
+from ..store import open_metrics_reader
 from ..store.metrics_rows import MetricEvent, MetricsReader, Now
 from ..store.outbox import STATUSES as DELIVERY_STATUSES
+from ..store.postgres_metrics import PostgresMetricsReader
 from .app import _EXTENSIONS
 from .auth import LOCAL, Principal, Role
 from .security import Security
@@ -104,9 +108,9 @@ def _fmt(x: float) -> str:
 
 @dataclass
 class Tally:
-    """Counters folded from the event log, from its start up to ``last_id``."""
+    """Counters folded from the event log, from its start up to the commit position ``last_pos``."""
 
-    last_id: int = 0
+    last_pos: int = 0
     attempts_started: int = 0
     attempts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
         ("succeeded", "failed", "parked", "cancelled", "lost"), 0))
@@ -119,7 +123,7 @@ class Tally:
 
     def absorb(self, events: Iterable[MetricEvent]) -> None:
         for e in events:
-            self.last_id = max(self.last_id, e.id)
+            self.last_pos = max(self.last_pos, e.pos)
             if e.kind == "task":
                 self._task(e)
             elif e.kind == "checkpoint":
@@ -160,26 +164,28 @@ class StoreCollector(Collector):
 
     def __init__(self, home: Home, pool_view: Callable[[], PoolView | None] | None = None) -> None:
         self.home = home
-        self.reader = MetricsReader(home.db_path)
+        self._reader: MetricsReader | PostgresMetricsReader | None = None  # opened at the first scrape
         self.pool_view = pool_view
         self.tally = Tally()
         self._lock = threading.Lock()
 
-    def collect(self) -> Iterator[Metric]:
-        from ..store import sqlite_only
+    @property
+    def reader(self) -> MetricsReader | PostgresMetricsReader:
+        """The reader of the home's store (SQLite or PostgreSQL)."""
+        if self._reader is None:
+            self._reader = open_metrics_reader(self.home.root)
+        return self._reader
 
-        # Not silently zero on a PostgreSQL home: the reader pages over every run's
-        # events by id, which is commit order only on SQLite (docs/ARCHITECTURE.md).
-        sqlite_only(self.home.root, "the /metrics figures of the home")
+    def collect(self) -> Iterator[Metric]:
         with self._lock:  # one scrape folds the log at a time; the tally is shared
             if self.home.exists():
-                upto = self.reader.last_event_id()
-                while self.tally.last_id < upto:
-                    page = self.reader.events_after(self.tally.last_id, upto)
+                upto = self.reader.last_position()
+                while self.tally.last_pos < upto:
+                    page = self.reader.events_after(self.tally.last_pos, upto)
                     if not page:
                         break
                     self.tally.absorb(page)
-                self.tally.last_id = max(self.tally.last_id, upto)
+                self.tally.last_pos = max(self.tally.last_pos, upto)
                 now = self.reader.now()
             else:  # a fresh home: zeros, and nothing is created by a scrape
                 now = Now()

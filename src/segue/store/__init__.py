@@ -4,7 +4,9 @@
 chosen here and nowhere else (:func:`store_url`): ``$SEGUE_STORE`` (the CLI's
 ``--store URL`` exports it), else the ``store`` key of ``HOME/config.json``,
 else SQLite in ``HOME/segue.db``. A URL must be ``postgresql://`` (or
-``postgres://``); anything else is a UsageError.
+``postgres://``); anything else is a UsageError. The readers of every run's
+events (the webhook outbox, the /metrics reader) are chosen the same way
+(:func:`open_outbox`, :func:`open_metrics_reader`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import StoreError, UsageError
 from .base import (
@@ -26,6 +29,13 @@ from .base import (
 )
 from .sqlite import SQLiteStore
 
+if TYPE_CHECKING:
+    from .base import Clock
+    from .metrics_rows import MetricsReader
+    from .outbox import SQLiteOutbox
+    from .postgres_metrics import PostgresMetricsReader
+    from .postgres_outbox import PostgresOutbox
+
 __all__ = [
     "CheckpointRecord",
     "Event",
@@ -38,6 +48,8 @@ __all__ = [
     "TaskRecord",
     "STORE_ENV",
     "check_store_url",
+    "open_metrics_reader",
+    "open_outbox",
     "open_store",
     "sqlite_only",
     "store_url",
@@ -95,6 +107,35 @@ def open_store(home: Path) -> Store:
 
         return PostgresStore(url, home=str(home))
     return SQLiteStore(home / DB_NAME)
+
+
+def open_outbox(home: Path, *, clock: Clock | None = None) -> SQLiteOutbox | PostgresOutbox:
+    """The webhook outbox of a home's store (its own connections; close() it).
+    ``clock`` times deliveries; default: SQLite's :func:`~segue.store.base.now`,
+    PostgreSQL's database clock."""
+    url = store_url(Path(home))
+    if url is not None:
+        from .postgres import PostgresStore
+        from .postgres_outbox import PostgresOutbox
+
+        return PostgresOutbox(PostgresStore(url, home=str(home)), clock=clock, owns_store=True)
+    from .base import now
+    from .outbox import SQLiteOutbox
+
+    return SQLiteOutbox(Path(home) / DB_NAME, clock=clock or now)
+
+
+def open_metrics_reader(home: Path) -> MetricsReader | PostgresMetricsReader:
+    """The /metrics reader of a home's store (its own connections; close() it)."""
+    url = store_url(Path(home))
+    if url is not None:
+        from .postgres import PostgresStore
+        from .postgres_metrics import PostgresMetricsReader
+
+        return PostgresMetricsReader(PostgresStore(url, home=str(home)), owns_store=True)
+    from .metrics_rows import MetricsReader
+
+    return MetricsReader(Path(home) / DB_NAME)
 
 
 def sqlite_only(home: Path, what: str) -> None:

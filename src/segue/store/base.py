@@ -172,6 +172,13 @@ class Store(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def wait_for_change(self, timeout: float) -> bool:
+        """Sleep up to ``timeout`` seconds, waking early when a run of this store may
+        have changed (PostgreSQL: LISTEN/NOTIFY). True if woken by a change. A hint
+        only: callers poll on every return, whatever it says."""
+        time.sleep(max(0.0, timeout))
+        return False
+
     def now(self) -> float:
         """The clock this store stamps leases with, in epoch seconds. Every lease
         judgement outside the store (is a controller or an attempt still alive)

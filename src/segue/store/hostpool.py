@@ -1,12 +1,16 @@
-"""The host pool in one SQLite file shared by every segue home on the machine.
+"""The host pool in one SQLite file shared by every segue home on the machine,
+or in a PostgreSQL store's database shared by every host of a cluster.
 
 Where it lives (first that applies):
 
-1. ``--pool PATH`` (the CLI exports it as ``$SEGUE_POOL``) or ``$SEGUE_POOL``;
-2. ``/var/lib/segue/pool.db`` when that directory exists and this user may
+1. ``--pool PATH`` (the CLI exports it as ``$SEGUE_POOL``) or ``$SEGUE_POOL``
+   (a path, or a ``postgresql://`` URL);
+2. the home's PostgreSQL store, when it has one: one pool for every host that
+   shares the store (:mod:`segue.store.postgres_hostpool`);
+3. ``/var/lib/segue/pool.db`` when that directory exists and this user may
    write it (root creates it; an administrator shares it between users by
    making it group-writable), so every user of the machine shares one pool;
-3. ``${XDG_STATE_HOME:-~/.local/state}/segue/pool.db``: shared by every home
+4. ``${XDG_STATE_HOME:-~/.local/state}/segue/pool.db``: shared by every home
    of this user.
 
 Each method is one transaction (writes take ``BEGIN IMMEDIATE``), values are
@@ -20,10 +24,10 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from ..errors import StoreError
 from ..scheduler.policy import (
@@ -50,6 +54,20 @@ from .pool import (
     RequestRecord,
 )
 from .sqlite_rows import BUSY_TIMEOUT_S, PerThreadConnection, configure
+
+T = TypeVar("T")
+
+
+class Db(Protocol):
+    """One transaction of the pool, whichever the backend: ``?`` parameters, rows
+    indexed by column name, and the pool's clock read once per transaction."""
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any: ...
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    def now(self) -> float: ...
+
 
 POOL_ENV = "SEGUE_POOL"
 SHARED_DIR = Path("/var/lib/segue")
@@ -108,24 +126,45 @@ _SCHEMA_V4 = (
 )
 # (version a database has once applied, statements): schemas are frozen once shipped;
 # a change is a new step, applied to older files when they are opened.
+# Version 5: the tables a PostgreSQL store's database already has names for (its
+# agents' hosts, its homes' requests) carry the pool's prefix, so that one SQL text
+# serves the file and the cluster-wide pool in PostgreSQL.
+_SCHEMA_V5 = (
+    "ALTER TABLE hosts RENAME TO pool_hosts",
+    "ALTER TABLE devices RENAME TO pool_devices",
+    "ALTER TABLE requests RENAME TO pool_requests",
+)
 _STEPS: tuple[tuple[int, tuple[str, ...]], ...] = (
-    (1, _SCHEMA), (2, _SCHEMA_V2), (3, _SCHEMA_V3), (4, _SCHEMA_V4))
+    (1, _SCHEMA), (2, _SCHEMA_V2), (3, _SCHEMA_V3), (4, _SCHEMA_V4), (5, _SCHEMA_V5))
 VERSION = _STEPS[-1][0]
 
 
-def pool_path() -> Path:
-    """Where this process's host pool lives (see the module docstring)."""
+def pool_path(home: Path | str | None = None) -> Path | str:
+    """Where this process's host pool lives (see the module docstring): a file, or
+    the PostgreSQL URL of a cluster-wide pool."""
     env = os.environ.get(POOL_ENV)
     if env:
-        return Path(env).expanduser().resolve()
+        return env if _is_url(env) else Path(env).expanduser().resolve()
+    if home is not None:
+        from . import store_url
+
+        url = store_url(Path(home))
+        if url is not None:
+            return url  # the home's runs share their store's cluster-wide pool
     if os.geteuid() == 0 or (SHARED_DIR.is_dir() and os.access(SHARED_DIR, os.W_OK | os.X_OK)):
         return SHARED_DIR / "pool.db"
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state).expanduser() / "segue" / "pool.db"
 
 
-def open_pool(path: str | Path | None = None) -> SQLiteHostPool:
-    p = Path(path) if path is not None else pool_path()
+def open_pool(path: str | Path | None = None) -> SqlHostPool:
+    """The pool at ``path`` (a file or a PostgreSQL URL; default :func:`pool_path`)."""
+    where = path if path is not None else pool_path()
+    if isinstance(where, str) and _is_url(where):
+        from .postgres_hostpool import PostgresHostPool
+
+        return PostgresHostPool(where)
+    p = Path(where)
     try:
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if p.parent == SHARED_DIR else 0o700)
     except OSError as e:
@@ -134,7 +173,320 @@ def open_pool(path: str | Path | None = None) -> SQLiteHostPool:
     return SQLiteHostPool(p)
 
 
-class SQLiteHostPool(ElasticPoolMixin, PerThreadConnection, HostPoolStore):
+def home_key(home: Path | str, store: Any) -> str:
+    """How the pool names a home's runs: its path, or for a PostgreSQL store the
+    cluster's id, the same on every host (a run's controller may move between hosts)."""
+    key = getattr(store, "cluster_key", None)
+    return key if isinstance(key, str) else str(home)
+
+
+def _is_url(s: str) -> bool:
+    return s.startswith(("postgresql://", "postgres://"))
+
+
+class SqlHostPool(ElasticPoolMixin, HostPoolStore):
+    """The pool's logic in SQL that SQLite and PostgreSQL both speak (``?`` parameters).
+
+    A backend supplies :meth:`_write` and :meth:`_read`: each runs ``body`` in one
+    transaction with a :class:`Db` and returns its result. Writes are serialised
+    (SQLite: ``BEGIN IMMEDIATE``; PostgreSQL: one advisory lock), so a read of the
+    free capacity and the insert that follows it judge the same pool.
+    """
+
+    @abstractmethod
+    def _write(self, body: Callable[[Db], T]) -> T: ...
+
+    @abstractmethod
+    def _read(self, body: Callable[[Db], T]) -> T: ...
+
+    # -- hosts ---------------------------------------------------------------
+    def configure_host(
+        self, host: str, *, cpus: float, memory: int,
+        devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
+    ) -> HostPool:
+        if cpus <= 0 or memory < 0:
+            raise ValueError("a host needs cpus > 0 and memory >= 0")
+
+        def body(db: Db) -> HostPool:
+            t = db.now()
+            before = _host(db, host)
+            db.execute(
+                "INSERT INTO pool_hosts (host, cpus, memory, source, updated_at) VALUES (?, ?, ?, ?, ?)"
+                " ON CONFLICT (host) DO UPDATE SET cpus = excluded.cpus, memory = excluded.memory,"
+                " source = excluded.source, updated_at = excluded.updated_at",
+                (host, float(cpus), int(memory), source, t),
+            )
+            db.execute("DELETE FROM pool_devices WHERE host = ?", (host,))
+            db.executemany(
+                "INSERT INTO pool_devices (host, device, name, memory, virtual) VALUES (?, ?, ?, ?, ?)",
+                [(host, i, n, int(m), int(v)) for i, (n, m, v) in enumerate(devices)],
+            )
+            hp = _host(db, host)
+            assert hp is not None  # just written
+            if actor is not None:  # in the same transaction: no change goes unrecorded
+                change = {"before": None if before is None else pool_summary(before),
+                          "after": pool_summary(hp)}
+                db.execute(
+                    'INSERT INTO pool_changes (time, host, actor, "user", change) VALUES (?, ?, ?, ?, ?)',
+                    (t, host, actor, _os_user(), json.dumps(change, sort_keys=True)))
+            return hp
+
+        return self._write(body)
+
+    def pool_changes(self, host: str | None = None, *, limit: int = 100) -> list[PoolChange]:
+        sql, args = "SELECT * FROM pool_changes", list[Any]()
+        if host is not None:
+            sql += " WHERE host = ?"
+            args.append(host)
+        args.append(max(0, int(limit)))
+        return self._read(lambda db: [_pool_change(r) for r in
+                                      db.execute(sql + " ORDER BY id DESC LIMIT ?", args)])
+
+    def get_host(self, host: str) -> HostPool | None:
+        return self._read(lambda db: _host(db, host))
+
+    def list_hosts(self) -> list[HostPool]:
+        """Every host configured in the pool, by name."""
+        def body(db: Db) -> list[HostPool]:
+            names = [r["host"] for r in db.execute("SELECT host FROM pool_hosts ORDER BY host")]
+            return [hp for hp in (_host(db, n) for n in names) if hp is not None]
+
+        return self._read(body)
+
+    def free_capacity(self, host: str, home: str | None = None) -> Capacity:
+        return self._read(lambda db: _free(db, host, db.now(), home))
+
+    # -- allocations ---------------------------------------------------------
+    def allocate(
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        preemptible: bool, ttl_s: float,
+    ) -> Allocated | Denied:
+        def body(db: Db) -> Allocated | Denied:
+            t = db.now()
+            hp = _host(db, host)
+            if hp is None:
+                return Denied(f"host {host!r} is not in the pool; run `segue pool set` or "
+                              "`segue pool detect`", never=True)
+            never = never_fits(need, hp)
+            if never is not None:
+                return Denied(never, never=True)
+            # Read and insert in this one serialised transaction: two placements
+            # racing for the last free bytes of a device serialize here, so the sum of
+            # a device's sharers never exceeds its memory.
+            free = _free(db, host, t, home)
+            devs = place(need, free)
+            if devs is None:
+                return Denied(wait_reason(need, free))
+            mine = db.execute(
+                "SELECT submitted_at FROM pool_requests WHERE home = ? AND run_id = ? AND step = ?"
+                " AND lease_until > ?", (home, run_id, step, t)).fetchone()
+            my_time = mine["submitted_at"] if mine else t
+            for r in _requests(db, host, t):
+                if (r.home, r.run_id, r.step) == (home, run_id, step) or never_fits(r.need, hp):
+                    continue  # ourselves, or a request that can never run here
+                if r.home != home and not (r.need.gpus and need.gpus):
+                    continue  # homes compete for devices only
+                # No backfilling past a higher class: it would take the capacity a
+                # preemptor is freeing, and the urgent run would starve. Within a
+                # class, FIFO with backfill for requests that fit anyway.
+                if r.priority > priority or (
+                    r.priority == priority and r.submitted_at < my_time
+                    and place(shared_part(r.need, r.home != home), free) is not None
+                ):
+                    return Denied(f"waiting behind run {r.run_id!r} step {r.step!r}"
+                                  f"{_where(r.home, home)} (priority {r.priority}, "
+                                  f"waiting since {r.submitted_at:.3f})")
+            row = db.execute(
+                "INSERT INTO allocations (host, home, run_id, step, epoch, devices, cpus, memory,"
+                " priority, preemptible, since, lease_until, gpu_memory, per_worker, min_gpus,"
+                " accelerator) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                " RETURNING id",
+                (host, home, run_id, step, json.dumps(devs), float(need.cpus), int(need.memory),
+                 int(priority), int(preemptible), t, t + ttl_s,
+                 need.gpu_memory if need.shares else None,
+                 need.per_worker or None, need.gpus if need.per_worker else None,
+                 need.accelerator),
+            ).fetchone()
+            db.execute("DELETE FROM pool_requests WHERE home = ? AND run_id = ? AND step = ?",
+                       (home, run_id, step))
+            return Allocated(int(row["id"]), tuple(devs))
+
+        return self._write(body)
+
+    def bind(self, alloc_id: int, epoch: int, ttl_s: float) -> bool:
+        def body(db: Db) -> bool:
+            t = db.now()
+            # A home deleted and made again at the same path starts its epochs over:
+            # its predecessor's dead rows (released, or lease lapsed) give up the key,
+            # keeping their history under a negative epoch. A live holder keeps it, and
+            # then this bind fails like any other lost race (the NOT EXISTS below: a
+            # failed statement would abort a PostgreSQL transaction).
+            db.execute(
+                "UPDATE allocations SET epoch = -id WHERE id != ? AND epoch = ?"
+                " AND (home, run_id, step) = (SELECT home, run_id, step FROM allocations"
+                " WHERE id = ?) AND NOT (released_at IS NULL AND lease_until > ?)",
+                (alloc_id, epoch, alloc_id, t))
+            cur = db.execute(
+                f"UPDATE allocations SET epoch = ?, lease_until = ? WHERE id = ?"
+                f" AND epoch IS NULL AND {_LIVE} AND NOT EXISTS (SELECT 1 FROM allocations o"
+                " WHERE o.epoch = ? AND (o.home, o.run_id, o.step) = (SELECT home, run_id, step"
+                " FROM allocations WHERE id = ?))",
+                (epoch, t + ttl_s, alloc_id, t, epoch, alloc_id))
+            return cur.rowcount == 1
+
+        return self._write(body)
+
+    def renew(self, home: str, run_id: str, step: str, epoch: int, *, ttl_s: float,
+              ckpt_at: float | None, preemptions: int) -> bool:
+        def body(db: Db) -> bool:
+            t = db.now()
+            cur = db.execute(
+                "UPDATE allocations SET lease_until = ?, ckpt_at = ?, preemptions = ?"
+                f" WHERE home = ? AND run_id = ? AND step = ? AND epoch = ? AND {_LIVE}",
+                (t + ttl_s, ckpt_at, preemptions, home, run_id, step, epoch, t))
+            return cur.rowcount == 1
+
+        return self._write(body)
+
+    def release(self, home: str, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
+        key = (home, run_id, step, epoch)
+        where = "home = ? AND run_id = ? AND step = ? AND epoch = ?"
+
+        def body(db: Db) -> AllocationRecord | None:
+            db.execute(f"UPDATE allocations SET released_at = ? WHERE {where}"
+                       " AND released_at IS NULL", (db.now(), *key))
+            row = db.execute(f"SELECT * FROM allocations WHERE {where}", key).fetchone()
+            return None if row is None else _alloc(row)
+
+        return self._write(body)
+
+    def release_id(self, alloc_id: int) -> None:
+        self._write(lambda db: db.execute(
+            "UPDATE allocations SET released_at = ? WHERE id = ? AND released_at IS NULL",
+            (db.now(), alloc_id)))
+
+    def list_allocations(self, host: str | None = None, *, live_only: bool = True
+                         ) -> list[AllocationRecord]:
+        def body(db: Db) -> list[AllocationRecord]:
+            sql, args = "SELECT * FROM allocations WHERE 1 = 1", list[Any]()
+            if host is not None:
+                sql += " AND host = ?"
+                args.append(host)
+            if live_only:
+                sql += f" AND {_LIVE}"
+                args.append(db.now())
+            return [_alloc(r) for r in db.execute(sql + " ORDER BY id", args)]
+
+        return self._read(body)
+
+    # -- the queue -------------------------------------------------------------
+    def upsert_request(
+        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
+        reason: str, ttl_s: float,
+    ) -> RequestRecord:
+        def body(db: Db) -> RequestRecord:
+            t = db.now()
+            db.execute(
+                "INSERT INTO pool_requests (home, run_id, step, host, priority, gpus, gpu_memory,"
+                " cpus, memory, submitted_at, reason, lease_until, accelerator) VALUES (?, ?, ?, ?,"
+                " ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (home, run_id, step) DO UPDATE SET"
+                " host = excluded.host, priority = excluded.priority, gpus = excluded.gpus,"
+                " gpu_memory = excluded.gpu_memory, accelerator = excluded.accelerator,"
+                " cpus = excluded.cpus,"
+                " memory = excluded.memory, reason = excluded.reason,"
+                " lease_until = excluded.lease_until,"
+                # An expired request starts a new wait; a live one keeps its place in line.
+                " submitted_at = CASE WHEN pool_requests.lease_until > ?"
+                " THEN pool_requests.submitted_at ELSE excluded.submitted_at END",
+                (home, run_id, step, host, int(priority), need.gpus, need.gpu_memory,
+                 float(need.cpus), int(need.memory), t, reason, t + ttl_s, need.accelerator, t),
+            )
+            row = db.execute("SELECT * FROM pool_requests WHERE home = ? AND run_id = ? AND step = ?",
+                             (home, run_id, step)).fetchone()
+            return _request(row)
+
+        return self._write(body)
+
+    def drop_requests(self, home: str, run_id: str, step: str | None = None) -> None:
+        if step is None:
+            self._write(lambda db: db.execute(
+                "DELETE FROM pool_requests WHERE home = ? AND run_id = ?", (home, run_id)))
+        else:
+            self._write(lambda db: db.execute(
+                "DELETE FROM pool_requests WHERE home = ? AND run_id = ? AND step = ?",
+                (home, run_id, step)))
+
+    def list_requests(self, host: str | None = None) -> list[RequestRecord]:
+        return self._read(lambda db: _requests(db, host, db.now()))
+
+    # -- preemption ------------------------------------------------------------
+    def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
+                           reason: str, ttl_s: float,
+                           devices: Sequence[int] | None = None) -> PreemptionRequest:
+        def body(db: Db) -> PreemptionRequest:
+            t = db.now()
+            row = db.execute(
+                "INSERT INTO preemptions (home, run_id, by_home, by_run, reason, created_at,"
+                " lease_until, devices) VALUES (?, ?, ?, ?, ?, ?, ?, ?) RETURNING *",
+                (home, run_id, by_home, by_run, reason, t, t + ttl_s,
+                 None if devices is None else json.dumps(sorted(int(d) for d in devices)))
+            ).fetchone()
+            return _preemption(row)
+
+        return self._write(body)
+
+    def pending_preemptions(self, home: str, run_id: str) -> list[PreemptionRequest]:
+        return self._read(lambda db: [_preemption(r) for r in db.execute(
+            "SELECT * FROM preemptions WHERE home = ? AND run_id = ? AND outcome IS NULL"
+            " AND lease_until > ? ORDER BY id", (home, run_id, db.now()))])
+
+    def preemption(self, request_id: int) -> PreemptionRequest | None:
+        def body(db: Db) -> PreemptionRequest | None:
+            row = db.execute("SELECT * FROM preemptions WHERE id = ?", (request_id,)).fetchone()
+            return None if row is None else _preemption(row)
+
+        return self._read(body)
+
+    def answer_preemption(self, request_id: int, outcome: str) -> None:
+        self._write(lambda db: db.execute(
+            "UPDATE preemptions SET outcome = ?, handled_at = ? WHERE id = ? AND outcome IS NULL",
+            (outcome, db.now(), request_id)))
+
+    def park(self, home: str, run_id: str) -> None:
+        self._write(lambda db: db.execute(
+            "INSERT INTO parked (home, run_id, since) VALUES (?, ?, ?)"
+            " ON CONFLICT (home, run_id) DO NOTHING", (home, run_id, db.now())))
+
+    def unpark(self, home: str, run_id: str) -> None:
+        self._write(lambda db: db.execute(
+            "DELETE FROM parked WHERE home = ? AND run_id = ?", (home, run_id)))
+
+    def parked(self) -> list[tuple[str, str]]:
+        return self._read(lambda db: [
+            (r["home"], r["run_id"])
+            for r in db.execute("SELECT home, run_id FROM parked ORDER BY since, home, run_id")])
+
+
+class _SqliteDb:
+    """One SQLite transaction as the pool's SQL sees it."""
+
+    def __init__(self, conn: sqlite3.Connection, clock: Clock) -> None:
+        self.conn, self._clock = conn, clock
+        self._t: float | None = None
+
+    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any:
+        return self.conn.execute(sql, args)
+
+    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self.conn.executemany(sql, rows)
+
+    def now(self) -> float:
+        if self._t is None:
+            self._t = self._clock()
+        return self._t
+
+
+class SQLiteHostPool(PerThreadConnection, SqlHostPool):
     """The host pool in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
@@ -149,7 +501,6 @@ class SQLiteHostPool(ElasticPoolMixin, PerThreadConnection, HostPoolStore):
     def __repr__(self) -> str:
         return f"SQLiteHostPool({str(self.path)!r})"
 
-    # -- connections ---------------------------------------------------------
     def _open(self) -> sqlite3.Connection:
         fresh = not self.path.exists()
         try:
@@ -188,267 +539,26 @@ class SQLiteHostPool(ElasticPoolMixin, PerThreadConnection, HostPoolStore):
             raise
         return conn
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self, body: Callable[[Db], T]) -> T:
         conn = self._conn()
         conn.execute("BEGIN IMMEDIATE")
         try:
-            yield conn
+            result = body(_SqliteDb(conn, self._clock))
             conn.execute("COMMIT")
+            return result
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             raise
 
-    @contextmanager
-    def _read(self) -> Iterator[sqlite3.Connection]:
+    def _read(self, body: Callable[[Db], T]) -> T:
         conn = self._conn()
         conn.execute("BEGIN")
         try:
-            yield conn
+            return body(_SqliteDb(conn, self._clock))
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
-
-    # -- hosts ---------------------------------------------------------------
-    def configure_host(
-        self, host: str, *, cpus: float, memory: int,
-        devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
-    ) -> HostPool:
-        if cpus <= 0 or memory < 0:
-            raise ValueError("a host needs cpus > 0 and memory >= 0")
-        with self._write() as conn:
-            before = _host(conn, host)
-            conn.execute(
-                "INSERT INTO hosts (host, cpus, memory, source, updated_at) VALUES (?, ?, ?, ?, ?)"
-                " ON CONFLICT (host) DO UPDATE SET cpus = excluded.cpus, memory = excluded.memory,"
-                " source = excluded.source, updated_at = excluded.updated_at",
-                (host, float(cpus), int(memory), source, self._clock()),
-            )
-            conn.execute("DELETE FROM devices WHERE host = ?", (host,))
-            conn.executemany(
-                "INSERT INTO devices (host, device, name, memory, virtual) VALUES (?, ?, ?, ?, ?)",
-                [(host, i, n, int(m), int(v)) for i, (n, m, v) in enumerate(devices)],
-            )
-            hp = _host(conn, host)
-            assert hp is not None  # just written
-            if actor is not None:  # in the same transaction: no change goes unrecorded
-                change = {"before": None if before is None else pool_summary(before),
-                          "after": pool_summary(hp)}
-                conn.execute(
-                    "INSERT INTO pool_changes (time, host, actor, user, change) VALUES (?, ?, ?, ?, ?)",
-                    (self._clock(), host, actor, _os_user(), json.dumps(change, sort_keys=True)))
-            return hp
-
-    def pool_changes(self, host: str | None = None, *, limit: int = 100) -> list[PoolChange]:
-        sql, args = "SELECT * FROM pool_changes", list[Any]()
-        if host is not None:
-            sql += " WHERE host = ?"
-            args.append(host)
-        args.append(max(0, int(limit)))
-        with self._read() as conn:
-            return [_pool_change(r) for r in conn.execute(sql + " ORDER BY id DESC LIMIT ?", args)]
-
-    def get_host(self, host: str) -> HostPool | None:
-        with self._read() as conn:
-            return _host(conn, host)
-
-    def free_capacity(self, host: str, home: str | None = None) -> Capacity:
-        with self._read() as conn:
-            return _free(conn, host, self._clock(), home)
-
-    # -- allocations ---------------------------------------------------------
-    def allocate(
-        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
-        preemptible: bool, ttl_s: float,
-    ) -> Allocated | Denied:
-        with self._write() as conn:
-            t = self._clock()
-            hp = _host(conn, host)
-            if hp is None:
-                return Denied(f"host {host!r} is not in the pool; run `segue pool set` or "
-                              "`segue pool detect`", never=True)
-            never = never_fits(need, hp)
-            if never is not None:
-                return Denied(never, never=True)
-            # Read and insert in this one BEGIN IMMEDIATE transaction: two placements
-            # racing for the last free bytes of a device serialize here, so the sum of
-            # a device's sharers never exceeds its memory.
-            free = _free(conn, host, t, home)
-            devs = place(need, free)
-            if devs is None:
-                return Denied(wait_reason(need, free))
-            mine = conn.execute(
-                "SELECT submitted_at FROM requests WHERE home = ? AND run_id = ? AND step = ?"
-                " AND lease_until > ?", (home, run_id, step, t)).fetchone()
-            my_time = mine["submitted_at"] if mine else t
-            for r in _requests(conn, host, t):
-                if (r.home, r.run_id, r.step) == (home, run_id, step) or never_fits(r.need, hp):
-                    continue  # ourselves, or a request that can never run here
-                if r.home != home and not (r.need.gpus and need.gpus):
-                    continue  # homes compete for devices only
-                # No backfilling past a higher class: it would take the capacity a
-                # preemptor is freeing, and the urgent run would starve. Within a
-                # class, FIFO with backfill for requests that fit anyway.
-                if r.priority > priority or (
-                    r.priority == priority and r.submitted_at < my_time
-                    and place(shared_part(r.need, r.home != home), free) is not None
-                ):
-                    return Denied(f"waiting behind run {r.run_id!r} step {r.step!r}"
-                                  f"{_where(r.home, home)} (priority {r.priority}, "
-                                  f"waiting since {r.submitted_at:.3f})")
-            cur = conn.execute(
-                "INSERT INTO allocations (host, home, run_id, step, epoch, devices, cpus, memory,"
-                " priority, preemptible, since, lease_until, gpu_memory, per_worker, min_gpus,"
-                " accelerator) VALUES (?, ?, ?, ?, NULL, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (host, home, run_id, step, json.dumps(devs), float(need.cpus), int(need.memory),
-                 int(priority), int(preemptible), t, t + ttl_s,
-                 need.gpu_memory if need.shares else None,
-                 need.per_worker or None, need.gpus if need.per_worker else None,
-                 need.accelerator),
-            )
-            conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
-                         (home, run_id, step))
-            return Allocated(int(cur.lastrowid or 0), tuple(devs))
-
-    def bind(self, alloc_id: int, epoch: int, ttl_s: float) -> bool:
-        with self._write() as conn:
-            t = self._clock()
-            # A home deleted and made again at the same path starts its epochs over:
-            # its predecessor's dead rows (released, or lease lapsed) give up the key,
-            # keeping their history under a negative epoch. A live holder keeps it, and
-            # then this bind fails like any other lost race.
-            conn.execute(
-                "UPDATE allocations SET epoch = -id WHERE id != ? AND epoch = ?"
-                " AND (home, run_id, step) = (SELECT home, run_id, step FROM allocations"
-                " WHERE id = ?) AND NOT (released_at IS NULL AND lease_until > ?)",
-                (alloc_id, epoch, alloc_id, t))
-            try:
-                cur = conn.execute(
-                    f"UPDATE allocations SET epoch = ?, lease_until = ? WHERE id = ?"
-                    f" AND epoch IS NULL AND {_LIVE}", (epoch, t + ttl_s, alloc_id, t))
-            except sqlite3.IntegrityError:
-                return False
-            return cur.rowcount == 1
-
-    def renew(self, home: str, run_id: str, step: str, epoch: int, *, ttl_s: float,
-              ckpt_at: float | None, preemptions: int) -> bool:
-        with self._write() as conn:
-            t = self._clock()
-            cur = conn.execute(
-                "UPDATE allocations SET lease_until = ?, ckpt_at = ?, preemptions = ?"
-                f" WHERE home = ? AND run_id = ? AND step = ? AND epoch = ? AND {_LIVE}",
-                (t + ttl_s, ckpt_at, preemptions, home, run_id, step, epoch, t))
-            return cur.rowcount == 1
-
-    def release(self, home: str, run_id: str, step: str, epoch: int) -> AllocationRecord | None:
-        key = (home, run_id, step, epoch)
-        where = "home = ? AND run_id = ? AND step = ? AND epoch = ?"
-        with self._write() as conn:
-            conn.execute(f"UPDATE allocations SET released_at = ? WHERE {where}"
-                         " AND released_at IS NULL", (self._clock(), *key))
-            row = conn.execute(f"SELECT * FROM allocations WHERE {where}", key).fetchone()
-            return None if row is None else _alloc(row)
-
-    def release_id(self, alloc_id: int) -> None:
-        with self._write() as conn:
-            conn.execute("UPDATE allocations SET released_at = ? WHERE id = ? AND released_at IS NULL",
-                         (self._clock(), alloc_id))
-
-    def list_allocations(self, host: str | None = None, *, live_only: bool = True
-                         ) -> list[AllocationRecord]:
-        sql, args = "SELECT * FROM allocations WHERE 1 = 1", list[Any]()
-        if host is not None:
-            sql += " AND host = ?"
-            args.append(host)
-        if live_only:
-            sql += f" AND {_LIVE}"
-            args.append(self._clock())
-        with self._read() as conn:
-            return [_alloc(r) for r in conn.execute(sql + " ORDER BY id", args)]
-
-    # -- the queue -------------------------------------------------------------
-    def upsert_request(
-        self, home: str, run_id: str, step: str, *, host: str, need: Need, priority: int,
-        reason: str, ttl_s: float,
-    ) -> RequestRecord:
-        with self._write() as conn:
-            t = self._clock()
-            conn.execute(
-                "INSERT INTO requests (home, run_id, step, host, priority, gpus, gpu_memory, cpus,"
-                " memory, submitted_at, reason, lease_until, accelerator) VALUES (?, ?, ?, ?, ?, ?,"
-                " ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (home, run_id, step) DO UPDATE SET"
-                " host = excluded.host, priority = excluded.priority, gpus = excluded.gpus,"
-                " gpu_memory = excluded.gpu_memory, accelerator = excluded.accelerator,"
-                " cpus = excluded.cpus,"
-                " memory = excluded.memory, reason = excluded.reason,"
-                " lease_until = excluded.lease_until,"
-                # An expired request starts a new wait; a live one keeps its place in line.
-                " submitted_at = CASE WHEN requests.lease_until > ? THEN requests.submitted_at"
-                " ELSE excluded.submitted_at END",
-                (home, run_id, step, host, int(priority), need.gpus, need.gpu_memory,
-                 float(need.cpus), int(need.memory), t, reason, t + ttl_s, need.accelerator, t),
-            )
-            row = conn.execute("SELECT * FROM requests WHERE home = ? AND run_id = ? AND step = ?",
-                               (home, run_id, step)).fetchone()
-            return _request(row)
-
-    def drop_requests(self, home: str, run_id: str, step: str | None = None) -> None:
-        with self._write() as conn:
-            if step is None:
-                conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ?", (home, run_id))
-            else:
-                conn.execute("DELETE FROM requests WHERE home = ? AND run_id = ? AND step = ?",
-                             (home, run_id, step))
-
-    def list_requests(self, host: str | None = None) -> list[RequestRecord]:
-        with self._read() as conn:
-            return _requests(conn, host, self._clock())
-
-    # -- preemption ------------------------------------------------------------
-    def request_preemption(self, home: str, run_id: str, *, by_home: str, by_run: str,
-                           reason: str, ttl_s: float,
-                           devices: Sequence[int] | None = None) -> PreemptionRequest:
-        with self._write() as conn:
-            t = self._clock()
-            cur = conn.execute(
-                "INSERT INTO preemptions (home, run_id, by_home, by_run, reason, created_at,"
-                " lease_until, devices) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (home, run_id, by_home, by_run, reason, t, t + ttl_s,
-                 None if devices is None else json.dumps(sorted(int(d) for d in devices))))
-            row = conn.execute("SELECT * FROM preemptions WHERE id = ?", (cur.lastrowid,)).fetchone()
-            return _preemption(row)
-
-    def pending_preemptions(self, home: str, run_id: str) -> list[PreemptionRequest]:
-        with self._read() as conn:
-            rows = conn.execute(
-                "SELECT * FROM preemptions WHERE home = ? AND run_id = ? AND outcome IS NULL"
-                " AND lease_until > ? ORDER BY id", (home, run_id, self._clock()))
-            return [_preemption(r) for r in rows]
-
-    def preemption(self, request_id: int) -> PreemptionRequest | None:
-        with self._read() as conn:
-            row = conn.execute("SELECT * FROM preemptions WHERE id = ?", (request_id,)).fetchone()
-            return None if row is None else _preemption(row)
-
-    def answer_preemption(self, request_id: int, outcome: str) -> None:
-        with self._write() as conn:
-            conn.execute("UPDATE preemptions SET outcome = ?, handled_at = ? WHERE id = ?"
-                         " AND outcome IS NULL", (outcome, self._clock(), request_id))
-
-    def park(self, home: str, run_id: str) -> None:
-        with self._write() as conn:
-            conn.execute("INSERT INTO parked (home, run_id, since) VALUES (?, ?, ?)"
-                         " ON CONFLICT (home, run_id) DO NOTHING", (home, run_id, self._clock()))
-
-    def unpark(self, home: str, run_id: str) -> None:
-        with self._write() as conn:
-            conn.execute("DELETE FROM parked WHERE home = ? AND run_id = ?", (home, run_id))
-
-    def parked(self) -> list[tuple[str, str]]:
-        with self._read() as conn:
-            return [(r["home"], r["run_id"])
-                    for r in conn.execute("SELECT home, run_id FROM parked ORDER BY since")]
 
 
 def shared_part(need: Need, other_home: bool) -> Need:
@@ -506,18 +616,18 @@ def _where(other: str, home: str) -> str:
     return "" if other == home else f" of home {other}"
 
 
-def _host(conn: sqlite3.Connection, host: str) -> HostPool | None:
-    row = conn.execute("SELECT * FROM hosts WHERE host = ?", (host,)).fetchone()
+def _host(conn: Db, host: str) -> HostPool | None:
+    row = conn.execute("SELECT * FROM pool_hosts WHERE host = ?", (host,)).fetchone()
     if row is None:
         return None
     devs = tuple(
         DeviceRecord(host, d["device"], d["name"], d["memory"], bool(d["virtual"]))
-        for d in conn.execute("SELECT * FROM devices WHERE host = ? ORDER BY device", (host,))
+        for d in conn.execute("SELECT * FROM pool_devices WHERE host = ? ORDER BY device", (host,))
     )
     return HostPool(host, row["cpus"], row["memory"], row["source"], devs, row["updated_at"])
 
 
-def _free(conn: sqlite3.Connection, host: str, t: float, home: str | None) -> Capacity:
+def _free(conn: Db, host: str, t: float, home: str | None) -> Capacity:
     """Free devices of the host, and free cpus and memory as seen by ``home``.
 
     Devices are the machine's: an allocation of any home that holds a device
@@ -554,8 +664,8 @@ def _free(conn: sqlite3.Connection, host: str, t: float, home: str | None) -> Ca
     return Capacity(devices, cpus, mem)
 
 
-def _requests(conn: sqlite3.Connection, host: str | None, t: float) -> list[RequestRecord]:
-    sql, args = "SELECT * FROM requests WHERE lease_until > ?", list[Any]([t])
+def _requests(conn: Db, host: str | None, t: float) -> list[RequestRecord]:
+    sql, args = "SELECT * FROM pool_requests WHERE lease_until > ?", list[Any]([t])
     if host is not None:
         sql += " AND host = ?"
         args.append(host)
@@ -563,7 +673,7 @@ def _requests(conn: sqlite3.Connection, host: str | None, t: float) -> list[Requ
     return [_request(r) for r in conn.execute(sql, args)]
 
 
-def _alloc(r: sqlite3.Row) -> AllocationRecord:
+def _alloc(r: Any) -> AllocationRecord:
     return AllocationRecord(
         id=r["id"], host=r["host"], home=r["home"], run_id=r["run_id"], step=r["step"],
         epoch=r["epoch"], devices=tuple(json.loads(r["devices"])), cpus=r["cpus"],
@@ -576,7 +686,7 @@ def _alloc(r: sqlite3.Row) -> AllocationRecord:
     )
 
 
-def _request(r: sqlite3.Row) -> RequestRecord:
+def _request(r: Any) -> RequestRecord:
     return RequestRecord(
         home=r["home"], run_id=r["run_id"], step=r["step"], host=r["host"],
         priority=r["priority"],
@@ -586,12 +696,12 @@ def _request(r: sqlite3.Row) -> RequestRecord:
     )
 
 
-def _pool_change(r: sqlite3.Row) -> PoolChange:
+def _pool_change(r: Any) -> PoolChange:
     return PoolChange(id=r["id"], time=r["time"], host=r["host"], actor=r["actor"], user=r["user"],
                       change=json.loads(r["change"]))
 
 
-def _preemption(r: sqlite3.Row) -> PreemptionRequest:
+def _preemption(r: Any) -> PreemptionRequest:
     return PreemptionRequest(
         id=r["id"], home=r["home"], run_id=r["run_id"], by_home=r["by_home"], by_run=r["by_run"],
         reason=r["reason"], created_at=r["created_at"], lease_until=r["lease_until"],

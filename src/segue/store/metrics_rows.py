@@ -8,8 +8,10 @@ Two kinds of figure, each kept cheap with thousands of runs:
   schema version 3; retention keeps a few per step);
 - *since ever* counters (attempts, checkpoints, preemptions, pause latency)
   come from the event log, which the caller reads once and then only past
-  the last id it saw (:meth:`MetricsReader.events_after`), so a scrape costs
-  the events written since the previous one.
+  the last commit position it saw (:meth:`MetricsReader.events_after`), so a
+  scrape costs the events written since the previous one. On SQLite the
+  position is the event id (one writer commits ids in order); PostgreSQL's
+  reader (:mod:`segue.store.postgres_metrics`) pages by transaction instead.
 
 Nothing here writes (the connection's migration aside, as every opener does).
 """
@@ -41,6 +43,7 @@ class MetricEvent:
     to_state: str | None
     nbytes: float | None  # a checkpoint commit's size
     duration_s: float | None  # a checkpoint commit's save duration (recorded since v3)
+    pos: int  # its commit position: a reader that consumed it reads on from here (SQLite: the id)
 
 
 @dataclass(frozen=True)
@@ -101,12 +104,13 @@ class MetricsReader(PerThreadConnection):
                             "failures": float(rec[2] or 0)},
                    deliveries=deliveries)
 
-    def last_event_id(self) -> int:
+    def last_position(self) -> int:
+        """The newest event's commit position, its id (0 for none)."""
         return int(self._query("SELECT COALESCE(MAX(id), 0) FROM events")[0][0])
 
     def events_after(self, after: int, upto: int, *, limit: int = EVENT_PAGE) -> list[MetricEvent]:
-        """Run, task and checkpoint events with ``after < id <= upto``, oldest first, at most
-        ``limit`` (page on from the last id returned)."""
+        """Run, task and checkpoint events with commit positions (ids) ``after < id <= upto``,
+        oldest first, at most ``limit`` (page on from the last ``pos`` returned)."""
         rows = self._query(
             "SELECT id, run_id, time, actor, kind, from_state, to_state,"
             " CASE WHEN kind = 'checkpoint' AND to_state IS NULL AND json_valid(data)"
@@ -116,4 +120,4 @@ class MetricsReader(PerThreadConnection):
             " FROM events WHERE id > ? AND id <= ? AND kind IN ('run', 'task', 'checkpoint')"
             " ORDER BY id LIMIT ?", (after, upto, limit))
         return [MetricEvent(id=r[0], run_id=r[1], time=r[2], actor=r[3], kind=r[4], from_state=r[5],
-                            to_state=r[6], nbytes=r[7], duration_s=r[8]) for r in rows]
+                            to_state=r[6], nbytes=r[7], duration_s=r[8], pos=r[0]) for r in rows]

@@ -7,10 +7,14 @@ reads the events after each hook's cursor, queues the ones the hook wants
 the cursor, in one transaction. Nothing that writes events needs to know
 about webhooks, and an event cannot be lost between its commit and the queue.
 
-That reading relies on event ids becoming visible in id order, which holds
+A cursor is a *commit position*: a reader that has consumed every event up
+to it never finds a new event at or below it. Here that is the event id,
 because SQLite serializes writers (``BEGIN IMMEDIATE``): a reader that sees
-event N sees every event before it. A backend with concurrent writers would
-have to queue the delivery in the transaction that writes the event instead.
+event N sees every event before it. PostgreSQL commits concurrently, so an
+id drawn earlier can commit later; there the position is the writing
+transaction's id, read only below the oldest transaction still running
+(:mod:`segue.store.postgres_outbox`). Either way the delivery id stays the
+event id.
 
 A delivery is *claimed* (status ``sending``, with an owner and a lease) by a
 conditional update before it is sent, so two pumps (a controller and the
@@ -55,6 +59,7 @@ class RunEvent:
     to_state: str | None
     reason: str
     data: dict[str, Any]
+    pos: int  # its commit position: a cursor that consumed it may move here (SQLite: the id)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,10 @@ class SQLiteOutbox(PerThreadConnection):
     def _tx(self, conn: sqlite3.Connection, immediate: bool) -> _Tx:
         return _Tx(conn, immediate)
 
+    def now(self) -> float:
+        """The clock deliveries are timed by (next_at, leases)."""
+        return self._clock()
+
     # -- hooks -----------------------------------------------------------------
     def start_hook(self, hook_id: str) -> int:
         """Give a new hook a cursor at the end of the log (it gets no backlog); returns it.
@@ -124,18 +133,20 @@ class SQLiteOutbox(PerThreadConnection):
         return {h: int(rows[h]) for h in ids}
 
     # -- queueing --------------------------------------------------------------
-    def last_event_id(self) -> int:
-        """The newest event's id (0 for none): a pump with nothing new to read stops here."""
+    def last_position(self) -> int:
+        """The newest event's commit position, its id (0 for none): a pump with nothing
+        new to read stops here."""
         conn = self._conn()
         with self._tx(conn, immediate=False):
             return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()[0])
 
     def run_events(self, after: int, *, limit: int = 1000) -> tuple[int, list[RunEvent]]:
-        """Run transitions with id > ``after``; and how far they cover the log.
+        """Run transitions at commit positions (ids) > ``after``; and how far they
+        cover the log.
 
-        The second value is the id up to which the log was read: the last event
-        when fewer than ``limit`` transitions followed ``after``, else the last
-        transition returned (the caller reads on from there).
+        The second value is the position up to which the log was read: the last
+        event when fewer than ``limit`` transitions followed ``after``, else the
+        last transition returned (the caller reads on from there).
         """
         conn = self._conn()
         with self._tx(conn, immediate=False):
@@ -146,14 +157,15 @@ class SQLiteOutbox(PerThreadConnection):
                 " WHERE e.id > ? AND e.id <= ? AND e.kind = 'run' AND e.to_state IS NOT NULL"
                 " ORDER BY e.id LIMIT ?", (after, hi, limit)).fetchall()
         events = [RunEvent(id=r[0], run_id=r[1], flow=r[2], step=r[3], time=r[4], actor=r[5],
-                           from_state=r[6], to_state=r[7], reason=r[8], data=json.loads(r[9]))
+                           from_state=r[6], to_state=r[7], reason=r[8], data=json.loads(r[9]),
+                           pos=r[0])
                   for r in rows]
         upto = events[-1].id if len(events) == limit else hi
         return upto, events
 
     def enqueue(self, hook_id: str, items: Iterable[tuple[int, str, str, str]], *, upto: int) -> int:
         """Queue ``(event_id, run_id, event, body)`` for the hook and move its cursor to
-        ``upto``, in one transaction; returns how many were new.
+        the position ``upto``, in one transaction; returns how many were new.
 
         Idempotent: an item queued already (by a racing pump) is left as it is, and
         the cursor never moves back.

@@ -165,6 +165,7 @@ class HostPoolStore(ABC):
     """The host-wide pool. Every method is one transaction."""
 
     path: Any  # where it lives; a worker opens the same pool from it
+    cluster: bool = False  # one pool for every host of a shared store (PostgreSQL)
 
     @abstractmethod
     def configure_host(
@@ -180,6 +181,10 @@ class HostPoolStore(ABC):
 
     @abstractmethod
     def get_host(self, host: str) -> HostPool | None: ...
+
+    @abstractmethod
+    def list_hosts(self) -> list[HostPool]:
+        """Every host configured in the pool, by name (one on a host-wide pool, usually)."""
 
     @abstractmethod
     def free_capacity(self, host: str, home: str | None = None) -> Capacity:

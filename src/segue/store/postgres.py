@@ -17,9 +17,9 @@ from its single writer is taken explicitly here:
 - **Events.** Ids come from one sequence, drawn while the writer holds its
   run's row lock, so within a run ids rise in commit order and a reader
   paging by ``after_id`` never skips an event committed late. Across runs,
-  id order is not commit order: a reader that pages over every run by id
-  (the /metrics reader and the webhook outbox do, on SQLite) needs another cursor;
-  until they have one they refuse a PostgreSQL home (docs/ARCHITECTURE.md).
+  id order is not commit order: the readers of every run's events (the
+  webhook outbox, /metrics) page by commit position, the writing
+  transaction's id (:mod:`segue.store.postgres_outbox`).
 - **Retries.** A transaction cut off by a lost connection is retried (a few
   times, with backoff) when it surely did not commit: it failed before
   COMMIT was sent, or was a deadlock or serialization failure. When the
@@ -171,6 +171,8 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
         self._purge_at = 0.0
         self._db_minus_local: float | None = None  # see now()
         self._resync_at = 0.0
+        self._cluster_key: str | None = None
+        self._listener: Any = None  # opened by the first wait_for_change
         self._migrate()  # fail now on a bad URL or a too-new schema, not at the first query
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -226,9 +228,29 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
             self._resync_at = time.monotonic() + CLOCK_RESYNC_S
         return wall_clock() + self._db_minus_local + self._offset()
 
+    @property
+    def cluster_key(self) -> str:
+        """How every host names this database's runs in the cluster-wide device pool:
+        the id the schema drew once (URLs differ from host to host)."""
+        if self._cluster_key is None:
+            row = self._run(lambda tx: tx.one("SELECT id FROM segue_cluster"), _READ, "")
+            self._cluster_key = f"postgresql:{cast(Any, row)['id']}"
+        return self._cluster_key
+
+    def wait_for_change(self, timeout: float) -> bool:
+        """LISTEN/NOTIFY on every run's events (:mod:`segue.store.postgres_listen`);
+        sleeps the timeout while notifications are unavailable."""
+        if self._listener is None:
+            from .postgres_listen import Listener
+
+            self._listener = Listener(self.url, self._connect_kwargs())
+        return bool(self._listener.wait(timeout))
+
     def close(self) -> None:
         """Close this process's pool (a later call opens a new one). Connections in
         use by other threads finish their transaction first."""
+        if self._listener is not None:
+            self._listener.close()
         with self._lock:
             pool, self._pool_obj = self._pool_obj, None
         if pool is not None and self._pid == os.getpid():

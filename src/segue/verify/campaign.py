@@ -124,7 +124,7 @@ def plan(seed: int, kills: int, pauses: int, controller_share: float = 0.25) -> 
 
 
 class _Cli:
-    def __init__(self, workdir: Path, sandbox: Path, pool: Path | None = None) -> None:
+    def __init__(self, workdir: Path, sandbox: Path, pool: Path | str | None = None) -> None:
         self.workdir = workdir
         # The sandboxes use the pool of the home verify was started from: a GPU
         # flow is placed on the same devices, and waits for the same runs.
@@ -164,7 +164,7 @@ def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
 def run_verify(
     flow: Path, params: Sequence[str], *, kills: int, pauses: int, seed: int, base: Path,
     log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
-    timeout_s: float = 3600, min_faults: int | None = None, pool: Path | None = None,
+    timeout_s: float = 3600, min_faults: int | None = None, pool: Path | str | None = None,
 ) -> Report:
     flow = flow.resolve()
     clean_dir, faulted_dir = base / "clean", base / "faulted"

@@ -126,4 +126,4 @@ def pool_page(client: LocalClient) -> PoolPage:
     except SegueError as exc:
         changes, error = [], error or str(exc)
     timeline, n = _device_timeline(client, pool, now)
-    return PoolPage(pool, error, queue, timeline, n, now, str(client.home.root), changes)
+    return PoolPage(pool, error, queue, timeline, n, now, client.pool_home, changes)
