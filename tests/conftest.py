@@ -28,7 +28,7 @@ os.environ.pop("SEGUE_STORE", None)
 
 # The longest modules start first: with two xdist workers, a long test that
 # starts last decides when the suite ends (see `make test`, --dist worksteal).
-LONG_FIRST = ("test_agent_failover.py", "test_kill_campaign.py", "test_disk_full.py", "test_map_steps.py",
+LONG_FIRST = ("test_agent_failover.py", "test_cluster_pool.py", "test_kill_campaign.py", "test_disk_full.py", "test_map_steps.py",
               "test_verify.py", "test_preemption.py", "test_server_fuzz.py", "test_server_load.py", "test_enospc_stress.py",
               "test_accounting.py", "test_faults.py", "test_ui_browser.py")
 

@@ -153,7 +153,7 @@ class PgServer:
         port = _free_port()
         sync = "-c fsync=on -c synchronous_commit=on" if durable else "-c fsync=off -c full_page_writes=off"
         opts = (f"-c listen_addresses=127.0.0.1 -c port={port} -c unix_socket_directories={root} "
-                f"{sync} -c max_connections=60")
+                f"{sync} -c max_connections=100")
         out = subprocess.run([*prefix, str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(root / "log"),
                               "-o", opts, "-w", "-t", str(int(timeout)), "start"], **run)
         server = cls(root, port, bin_dir, prefix, opts)

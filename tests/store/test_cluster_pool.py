@@ -50,7 +50,7 @@ while time.time() < until:
             break
         denied += 1
     if placed is None:
-        time.sleep(rnd.uniform(0.005, 0.05))
+        time.sleep(rnd.uniform(0.05, 0.15))  # a controller's tick; no busy loop (2 cores)
         continue
     epoch += 1
     if not pool.bind(placed.id, epoch, TTL):
@@ -64,7 +64,7 @@ while time.time() < until:
             refused += 1
             continue  # it lost the devices: it must not use them, and gives nothing back
     for _ in range(rnd.randint(0, 3)):
-        time.sleep(rnd.uniform(0.01, 0.1))
+        time.sleep(rnd.uniform(0.02, 0.15))
         assert pool.renew("cluster", me, step, epoch, ttl_s=TTL, ckpt_at=None, preemptions=0)
     pool.release("cluster", me, step, epoch)
 print(json.dumps({"got": got, "refused": refused, "stalls": stalls, "denied": denied}))
@@ -91,6 +91,7 @@ def test_eight_controllers_on_three_hosts_race_for_four_devices_for_a_minute(
     assert all(p.returncode == 0 for p in procs), outs
     stats = [json.loads(o) for o in outs]
     got = sum(s["got"] for s in stats)
+    print({k: sum(s[k] for s in stats) for k in stats[0]})  # the figures, with -s
     history = pool.list_allocations(live_only=False)
     # The race happened: every controller held devices, many were denied a busy host
     # or had to go to another one, and frozen holders lost their lease to others.
@@ -171,3 +172,74 @@ def test_an_urgent_run_submitted_on_one_host_preempts_a_batch_run_on_another(
     assert [x.run_id for x in history] == ["low", "hi", "low"], history
     for x, y in zip(history, history[1:], strict=False):
         assert x.released_at is not None and x.released_at <= y.since
+
+
+@pytest.mark.timeout(900)
+def test_eight_runs_on_three_hosts_share_four_devices_by_priority(
+        cluster: Cluster, tmp_path: Path) -> None:
+    """Real controllers: eight runs of four priorities submitted on three hosts (a: two
+    GPUs, b and c: one each). Each holds half-way until the test opens its gate, so every
+    contention below is set up by observed state, not by timing."""
+    cluster.cluster_pool = True
+    homes = {h: cluster.home(h) for h in "abc"}
+    for host, n in (("a", 2), ("b", 1), ("c", 1)):
+        homes[host]("pool", "set", "--gpus", str(n), "--gpu-mem", "80GB", "--cpus", "8", check=True)
+        cluster.start_agent(host)
+    store = cluster.store
+    gates: dict[str, Path] = {}
+
+    def submit(run: str, host: str, priority: str) -> None:
+        gates[run] = tmp_path / f"gate-{run}"
+        homes[host]("run", GPUJOB, "--detach", "--run-id", run, "--priority", priority, "-p", "n=200",
+                    "-p", f"gate={gates[run]}", check=True)
+
+    def runs_on(run: str, host: str) -> bool:
+        t = store.get_task(run, "work")
+        return t.state.value == "RUNNING" and t.host == host and bool(t.pid) \
+            and (t.progress_done or 0) >= 100  # at its gate: holding its device
+
+    def waits(run: str) -> bool:
+        return any(r.run_id == run for r in PostgresHostPool(store).list_requests())
+
+    # Four runs take the four devices.
+    for run, host, prio in (("r0", "a", "batch"), ("r1", "b", "normal"), ("r2", "c", "high"),
+                            ("r3", "a", "urgent")):
+        submit(run, host, prio)
+        wait_for(lambda run=run, host=host: runs_on(run, host), 180, f"{run} to hold a device of {host}")
+    # A batch run can preempt nobody: it waits.
+    submit("r4", "b", "batch")
+    wait_for(lambda: waits("r4"), 120, "r4 to wait in line")
+    # A normal run on c (held by a high run) preempts the batch run on a and moves there.
+    submit("r5", "c", "normal")
+    wait_for(lambda: runs_on("r5", "a"), 180, "r5 to move to host a")
+    assert store.get_run("r0").state.value == "PAUSED"
+    # An urgent run on b preempts b's normal run (one victim here or on a: this host wins).
+    submit("r6", "b", "urgent")
+    wait_for(lambda: runs_on("r6", "b"), 180, "r6 to run on b")
+    assert store.get_run("r1").state.value == "PAUSED"
+    # A high run on a preempts the normal run that moved there.
+    submit("r7", "a", "high")
+    wait_for(lambda: runs_on("r7", "a"), 180, "r7 to run on a")
+    assert store.get_run("r5").state.value == "PAUSED"
+    for g in gates.values():
+        g.touch()
+    for run in gates:
+        cluster.home("a").wait_state(run, {"SUCCEEDED"}, 300)  # the paused ones resume by themselves
+        out = homes["a"].output(run, "work")
+        assert out["i"] == 200 and out["acc"] == _gpujob.expected_acc(200), run
+    events = {run: store.list_events(run) for run in gates}
+    moves = {run: [e.data["host"] for e in ev if e.kind == "scheduler"
+                   and e.reason.startswith("moving the run to host")] for run, ev in events.items()}
+    assert moves["r5"][0] == "a" and not moves["r6"] and not moves["r7"], moves
+    preempted = {run: sum(1 for e in ev if "preempted by run" in e.reason) for run, ev in events.items()}
+    assert preempted["r0"] >= 1 and preempted["r1"] >= 1 and preempted["r5"] >= 1, preempted
+    # Every device of the cluster, over the whole history: never two holders at once.
+    history = [x for x in PostgresHostPool(store).list_allocations(live_only=False)
+               if x.epoch is not None and x.epoch > 0]
+    assert {x.run_id for x in history} == set(gates)
+    for host, n in (("a", 2), ("b", 1), ("c", 1)):
+        for dev in range(n):
+            spans = sorted((x.since, x.released_at or x.lease_until) for x in history
+                           if x.host == host and dev in x.devices)
+            for (s1, e1), (s2, _) in zip(spans, spans[1:], strict=False):
+                assert e1 <= s2, f"{host} device {dev} held twice: {s1}-{e1} and {s2}"

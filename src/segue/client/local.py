@@ -109,7 +109,8 @@ class LocalClient(BaseClient):
         if self._pool is None:
             from ..store.hostpool import open_pool
 
-            self._pool = self._parent._open_pool() if self._parent is not None else open_pool(self.pool_path)
+            self._pool = (self._parent._open_pool() if self._parent is not None
+                          else open_pool(self.pool_path, store=self._store))  # shares an open store's connections
         return self._pool
 
     # -- commands ---------------------------------------------------------------------

@@ -112,7 +112,7 @@ class Controller:
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
-        pool = open_pool(self.pool_path or pool_path(self.home.root))
+        pool = open_pool(self.pool_path or pool_path(self.home.root), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),

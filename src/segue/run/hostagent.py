@@ -135,7 +135,7 @@ class HostAgent:
         """Runs a controller handed over to another host (a cluster-wide pool): run id ->
         the live host whose line the run waits in. Empty for a host-wide pool."""
         if self._pool is None:
-            self._pool = open_pool(self.pool or pool_path(self.home.root))
+            self._pool = open_pool(self.pool or pool_path(self.home.root), store=self.store)
         if not getattr(self._pool, "cluster", False):
             return {}
         key = home_key(self.home.root, self.store)

@@ -157,13 +157,14 @@ def pool_path(home: Path | str | None = None) -> Path | str:
     return Path(state).expanduser() / "segue" / "pool.db"
 
 
-def open_pool(path: str | Path | None = None) -> SqlHostPool:
-    """The pool at ``path`` (a file or a PostgreSQL URL; default :func:`pool_path`)."""
+def open_pool(path: str | Path | None = None, *, store: Any = None) -> SqlHostPool:
+    """The pool at ``path`` (a file or a PostgreSQL URL; default :func:`pool_path`).
+    ``store``: the caller's store; a pool in its database shares its connections."""
     where = path if path is not None else pool_path()
     if isinstance(where, str) and _is_url(where):
         from .postgres_hostpool import PostgresHostPool
 
-        return PostgresHostPool(where)
+        return PostgresHostPool(store if getattr(store, "url", None) == where else where)
     p = Path(where)
     try:
         p.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if p.parent == SHARED_DIR else 0o700)

@@ -68,6 +68,7 @@ class PostgresHostPool(SqlHostPool):
     cluster = True
 
     def __init__(self, store: PostgresStore | str) -> None:
+        self._owns = not isinstance(store, PostgresStore)
         self.store = store if isinstance(store, PostgresStore) else PostgresStore(store)
         self.path = self.store.url  # a worker opens the same pool from it
 
@@ -78,7 +79,9 @@ class PostgresHostPool(SqlHostPool):
         return f"PostgresHostPool({self.store!r})"
 
     def close(self) -> None:
-        self.store.close()
+        """Close the connections, unless they are a store's that lent them (open_pool)."""
+        if self._owns:
+            self.store.close()
 
     def _write(self, body: Callable[[Db], T]) -> T:
         def locked(tx: Tx) -> T:
