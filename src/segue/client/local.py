@@ -342,8 +342,13 @@ class LocalClient(BaseClient):
         hp = ensure_host(pool, this_host())
         doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if any(
             not d.virtual for d in hp.devices) else {}, home=self.pool_home)
+        where = str(pool.path)
+        if pool.cluster:
+            from ..store.postgres import _label
+
+            where = _label(where)  # never a password in output
         return PoolView(**{**doc, "devices": [DeviceView.from_json(d) for d in doc["devices"]],
-                           "pool": str(pool.path)})
+                           "pool": where})
 
     def configure_pool(self, *, gpus: int, gpu_memory: str | int = "80GB", cpus: float | None = None,
                        memory: str | int | None = None, gpu_type: str | None = None,

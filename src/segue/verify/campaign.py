@@ -128,15 +128,15 @@ class _Cli:
         self.workdir = workdir
         # The sandboxes use the pool of the home verify was started from: a GPU
         # flow is placed on the same devices, and waits for the same runs.
-        self.pool = ["--pool", str(pool)] if pool is not None else []
+        # (By environment, as --pool exports it: a PostgreSQL URL stays out of argv.)
         # MARK: every process started from here carries it, so the reaper finds
         # them all (segue.verify.reaper), whatever ends the verify.
         self.env = {**os.environ, "SEGUE_HOME": str(workdir / ".segue"), "PYTHONUNBUFFERED": "1",
-                    MARK: str(sandbox)}
+                    MARK: str(sandbox), **({"SEGUE_POOL": str(pool)} if pool is not None else {})}
         self._store: Any = None
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "segue", *self.pool, *args], cwd=self.workdir, env=self.env,
+        proc = subprocess.run([sys.executable, "-m", "segue", *args], cwd=self.workdir, env=self.env,
                               capture_output=True, text=True)
         if check and proc.returncode not in (0, 3):
             raise RuntimeError(f"segue {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
