@@ -66,10 +66,11 @@ class LocalClient(BaseClient):
                  pool: str | os.PathLike[str] | None = None, actor: str = Actor.API,
                  prices: Mapping[str, float] | None = None) -> None:
         from ..store.hostpool import pool_path
+        from ..store.postgres import is_postgres_url
 
         self.home = home if isinstance(home, Home) else Home.resolve(home)
         self.pool_path: Path | str = (
-            pool if isinstance(pool, str) and pool.startswith(("postgresql://", "postgres://"))
+            pool if isinstance(pool, str) and is_postgres_url(pool)
             else Path(pool).expanduser().resolve() if pool is not None else pool_path(self.home.root))
         self.actor = actor
         self._prices = dict(prices or {})

@@ -31,6 +31,7 @@ from ..scheduler.admission import check_satisfiable
 from ..states import Actor, RunState, TaskState, check_run
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
 from ..store.hostpool import open_pool
+from ..store.postgres import is_postgres_url
 from . import restart
 from .controller import Controller, Interrupts
 from .options import RunOptions
@@ -191,7 +192,7 @@ def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False,
     takes the lease over only at that epoch (see run.hostagent)."""
     log = home.logs_dir(run_id) / "controller.log"
     cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
-    if pool is not None and not str(pool).startswith(("postgresql://", "postgres://")):
+    if pool is not None and not is_postgres_url(str(pool)):
         cmd += ["--pool", str(pool)]  # a cluster's pool is the home's store: no URL in argv
     if claim is not None:
         cmd += ["--claim-epoch", str(claim[0])] + (["--prev-host", claim[1]] if claim[1] else [])

@@ -53,6 +53,7 @@ from .pool import (
     PreemptionRequest,
     RequestRecord,
 )
+from .postgres import is_postgres_url
 from .sqlite_rows import BUSY_TIMEOUT_S, PerThreadConnection, configure
 
 T = TypeVar("T")
@@ -144,7 +145,7 @@ def pool_path(home: Path | str | None = None) -> Path | str:
     the PostgreSQL URL of a cluster-wide pool."""
     env = os.environ.get(POOL_ENV)
     if env:
-        return env if _is_url(env) else Path(env).expanduser().resolve()
+        return env if is_postgres_url(env) else Path(env).expanduser().resolve()
     if home is not None:
         from . import store_url
 
@@ -161,7 +162,7 @@ def open_pool(path: str | Path | None = None, *, store: Any = None) -> SqlHostPo
     """The pool at ``path`` (a file or a PostgreSQL URL; default :func:`pool_path`).
     ``store``: the caller's store; a pool in its database shares its connections."""
     where = path if path is not None else pool_path()
-    if isinstance(where, str) and _is_url(where):
+    if isinstance(where, str) and is_postgres_url(where):
         from .postgres_hostpool import PostgresHostPool
 
         return PostgresHostPool(store if getattr(store, "url", None) == where else where)
@@ -179,10 +180,6 @@ def home_key(home: Path | str, store: Any) -> str:
     cluster's id, the same on every host (a run's controller may move between hosts)."""
     key = getattr(store, "cluster_key", None)
     return key if isinstance(key, str) else str(home)
-
-
-def _is_url(s: str) -> bool:
-    return s.startswith(("postgresql://", "postgres://"))
 
 
 class SqlHostPool(ElasticPoolMixin, HostPoolStore):

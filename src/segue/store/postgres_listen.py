@@ -31,7 +31,7 @@ class Listener:
         self._conn: Any = None
         self._pid = 0
         self._lock = threading.Lock()
-        self.woken = 0  # notifications received (tests and `segue hosts` read it)
+        self.woken = 0  # notifications received (the tests read it)
         self.failures = 0  # connections lost or refused (each one a fall back to polling)
 
     def wait(self, timeout: float) -> bool:
