@@ -82,6 +82,12 @@ def fsync_tree(root: Path) -> None:
             os.close(fd)
 
 
+def settle() -> None:
+    """Flush what earlier steps left to the disk (a deleted tree's freed blocks, the
+    journal) before a timed write, so no side pays for the one before it."""
+    os.sync()
+
+
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     t = time.perf_counter()
     out = fn()
@@ -190,6 +196,7 @@ def peers(state: dict[str, Any], work: Path, rep: int, notes: list[str]) -> dict
             f.flush()
             os.fsync(f.fileno())
 
+    settle()
     out["torch_save_s"], _ = timed(torch_save)
     try:
         from safetensors.torch import save_file
@@ -199,6 +206,7 @@ def peers(state: dict[str, Any], work: Path, rep: int, notes: list[str]) -> dict
             save_file(tensors, str(p))
             drop_file(p)  # fsyncs first
 
+        settle()
         out["safetensors_s"], _ = timed(st_save)
     except ImportError:
         if rep == 0:
@@ -207,9 +215,11 @@ def peers(state: dict[str, Any], work: Path, rep: int, notes: list[str]) -> dict
         import torch.distributed.checkpoint as dcp
 
         d1 = work / f"dcp{rep}"
+        settle()
         out["dcp_save_s"], _ = timed(lambda: (dcp.save(tensors, checkpoint_id=str(d1)),
                                               fsync_tree(d1)))
         d2 = work / f"dcp_async{rep}"
+        settle()
         t = time.perf_counter()
         fut = dcp.async_save(tensors, checkpoint_id=str(d2))
         out["dcp_async_block_s"] = time.perf_counter() - t
@@ -350,12 +360,14 @@ def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small
             add("memcpy", timed(lambda: memcpy(lay, copies, cpool))[0])
             add("memcpy_1thread", timed(lambda: memcpy(lay, copies, None))[0])
             raw = work / f"raw{rep}"
+            settle()
             add("raw_write", timed(lambda raw=raw: raw_write(raw, lay, iopool))[0])
             drop_tree(raw)
             add("raw_read", timed(lambda raw=raw: raw_read(raw, nbytes, iopool))[0])
             shutil.rmtree(raw)
             root = work / f"segue{rep}"
             storage = LocalStorage(root)  # a fresh root: nothing to deduplicate against
+            settle()
             dt, res = timed(lambda storage=storage: save(storage, "run/c1", state))
             add("save", dt)
             if res.stats.written_bytes < nbytes:
@@ -367,6 +379,7 @@ def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small
                 raise SystemExit("restore returned different arrays")
             del loaded
             bump(state)  # fresh bytes: the async save below must write everything
+            settle()
             t = time.perf_counter()
             fut = ck.save_async(f"run/async{rep}", state)
             add("async_block", time.perf_counter() - t)
@@ -420,7 +433,7 @@ def run(a: argparse.Namespace, work: Path, large_mib: int, n_large: int, n_small
         "loop_overhead": r["loop_overhead"],
         **{k: v for k, v in r.items() if k not in ("small_tensor_files", "loop_overhead")},
         "notes": notes + [
-            f"every side: best of {a.reps} interleaved tries (all in all_runs_s); memcpy and "
+            f"every side: best of {a.reps} interleaved tries, each timed write after an os.sync() (all in all_runs_s); memcpy and "
             f"raw write use segue's thread counts ({copy_threads} copy, {io_threads} io)",
             "async_block_s/async_total_s: saves of fresh content (every array changed first)",
             f"load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cpus",

@@ -63,3 +63,39 @@ def test_move_and_remove_tree(storage: CheckpointStorage) -> None:
     assert storage.listdir("") == ["other"]
     with pytest.raises(ValueError, match=r"^cannot remove the storage root"):
         storage.remove_tree("")
+
+
+def test_local_blobs_are_synced_before_their_directories(tmp_path, monkeypatch) -> None:
+    """A batch of blobs commits as: every file fsynced, every rename, then each changed
+    directory fsynced once (the new shard directories' parent included), so no
+    directory entry is synced before the file it names is in place."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    import segue.checkpoint.storage as st
+
+    log: list[tuple[str, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:  # records what each fsync made durable, then does it
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        log.append(("dir" if os.path.isdir(path) else "file", path))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    storage = st.LocalStorage(tmp_path)
+    paths = [f"blobs/{k:02x}/blob{k}" for k in range(6)]
+    writers = [storage.create_blob(p, 10) for p in paths]
+    assert not any(kind == "dir" for kind, _ in log), "directories are synced at commit"
+    for w in writers:
+        w.write_at(0, b"0123456789")
+    with ThreadPoolExecutor(3) as pool:
+        storage.commit_blobs(writers, pool)
+    kinds = [kind for kind, _ in log]
+    assert kinds == ["file"] * 6 + ["dir"] * len(kinds[6:])
+    assert all(TEMP_MARK in path for kind, path in log if kind == "file")
+    synced = {d for kind, d in log if kind == "dir"}
+    assert synced == {str(tmp_path / "blobs"), str(tmp_path)} | {
+        str(tmp_path / "blobs" / f"{k:02x}") for k in range(6)}
+    assert all((tmp_path / p).read_bytes() == b"0123456789" for p in paths)
+    assert not [p for p in tmp_path.rglob("*") if st.TEMP_MARK in p.name]

@@ -19,7 +19,8 @@ import shutil
 import threading
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -27,6 +28,7 @@ from typing import BinaryIO
 
 from .._atomic import fsync_dir
 from .._faults import fault_point
+from .jobs import run_all
 
 TEMP_MARK = ".tmp-"
 """Temp files are named ``.<name>.tmp-<pid>-<random>``; nothing ever reads them."""
@@ -156,6 +158,16 @@ class CheckpointStorage(ABC):
         """A writer for a new file of ``size`` bytes at ``relpath`` (see :class:`BlobWriter`)."""
         return _BufferedBlobWriter(self, relpath, size)
 
+    def commit_blobs(
+        self,
+        writers: Sequence[BlobWriter],
+        pool: Executor | None,
+        before_publish: Callable[[], None] | None = None,
+    ) -> None:
+        """Commit every writer of :meth:`create_blob` (durable, then visible), in parallel
+        on ``pool``; raise the first failure once every started commit has ended."""
+        run_all(pool, lambda w: w.commit(before_publish=before_publish), list(writers))
+
     def publish(
         self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None
     ) -> None:
@@ -193,7 +205,10 @@ class LocalStorage(CheckpointStorage):
     def _abs(self, relpath: str) -> Path:
         return self.root.joinpath(*check_relpath(relpath).parts)
 
-    def _makedirs(self, path: Path) -> None:
+    def _makedirs(self, path: Path, *, sync: bool = True) -> list[Path]:
+        """Create ``path`` and its missing parents; return the directories whose
+        entries changed (each new one's parent). ``sync=False`` leaves their fsync
+        to the caller."""
         missing: list[Path] = []
         while not path.exists():
             missing.append(path)
@@ -203,7 +218,9 @@ class LocalStorage(CheckpointStorage):
                 d.mkdir()
             # The new directory's entry lives in its parent: fsync the parent so a
             # crash cannot drop the directory that holds files we are about to publish.
-            fsync_dir(d.parent)
+            if sync:
+                fsync_dir(d.parent)
+        return [d.parent for d in missing]
 
     @contextlib.contextmanager
     def open_write(
@@ -280,8 +297,26 @@ class LocalStorage(CheckpointStorage):
 
     def create_blob(self, relpath: str, size: int) -> BlobWriter:
         final = self._abs(relpath)
-        self._makedirs(final.parent)
-        return _LocalBlobWriter(final, size)
+        # The new directories are fsynced with the blob's own at commit.
+        return _LocalBlobWriter(final, size, self._makedirs(final.parent, sync=False))
+
+    def commit_blobs(
+        self,
+        writers: Sequence[BlobWriter],
+        pool: Executor | None,
+        before_publish: Callable[[], None] | None = None,
+    ) -> None:
+        # In three batches: every file's data durable (in parallel, so the device
+        # merges the flushes), every rename, then each changed directory once. A
+        # blob-by-blob commit costs a journal commit per blob and per new directory.
+        local = [w for w in writers if isinstance(w, _LocalBlobWriter)]
+        if len(local) < len(writers):
+            super().commit_blobs(writers, pool, before_publish)
+            return
+        run_all(pool, _LocalBlobWriter.sync, local)
+        for w in local:
+            w.publish(before_publish)
+        run_all(pool, fsync_dir, sorted({d for w in local for d in w.dirs}))
 
     def publish(
         self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None
@@ -379,8 +414,10 @@ class _OwnedFd:
 class _LocalBlobWriter(BlobWriter):
     """A temp file in the target directory, written with pwrite from any thread."""
 
-    def __init__(self, final: Path, size: int) -> None:
+    def __init__(self, final: Path, size: int, new_dirs: Sequence[Path] = ()) -> None:
         self.final, self.size = final, size
+        self.dirs = {final.parent, *new_dirs}
+        """The directories to fsync once the blob is renamed into place."""
         self.tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         self._fd = _OwnedFd(fd, final.name)
@@ -407,6 +444,13 @@ class _LocalBlobWriter(BlobWriter):
                 raise OSError(e.errno, e.strerror, str(self.tmp)) from None
 
     def commit(self, before_publish: Callable[[], None] | None = None) -> None:
+        self.sync()
+        self.publish(before_publish)
+        for d in sorted(self.dirs):
+            fsync_dir(d)
+
+    def sync(self) -> None:
+        """Make the bytes durable and close the file (step 1 of :meth:`commit`)."""
         try:
             with self._fd.use() as fd:
                 # Durable before visible: a published name must never point at lost blocks.
@@ -416,6 +460,9 @@ class _LocalBlobWriter(BlobWriter):
                     raise OSError(e.errno, e.strerror, str(self.tmp)) from None
         finally:
             self._fd.close()
+
+    def publish(self, before_publish: Callable[[], None] | None = None) -> None:
+        """Rename the synced file into place (step 2; the directories' fsync is step 3)."""
         try:
             if before_publish is not None:
                 before_publish()
@@ -426,7 +473,6 @@ class _LocalBlobWriter(BlobWriter):
             with contextlib.suppress(FileNotFoundError):
                 self.tmp.unlink()
             raise
-        fsync_dir(self.final.parent)
 
     def abort(self) -> None:
         self._fd.close()  # waits for a write still in flight on another thread

@@ -64,11 +64,8 @@ def write_blobs(storage: CheckpointStorage, plans: list[BlobPlan], pool: Executo
 
         run_all(pool, write, jobs)
         # fsyncs block on the device; running them in parallel lets it merge them.
-        run_all(
-            pool,
-            lambda w: w.commit(before_publish=lambda: fault_point("checkpoint.blob_tmp")),
-            list(writers.values()),
-        )
+        storage.commit_blobs(list(writers.values()), pool,
+                             before_publish=lambda: fault_point("checkpoint.blob_tmp"))
     except BaseException:
         for w in writers.values():
             with contextlib.suppress(OSError):
