@@ -25,7 +25,7 @@ import pytest
 from _store_helpers import make_run, refusals
 from segue_helpers import VirtualClock, wait_for
 
-from segue.errors import ControllerConflictError, StoreError
+from segue.errors import ControllerConflictError, FencedError, IllegalTransitionError, StoreError
 from segue.states import Actor, RunState, TaskState
 from segue.store.postgres import PostgresStore, is_postgres_url
 from segue.store.postgres_schema import LATEST, MIGRATIONS, Migration, migrate, schema_version
@@ -470,6 +470,105 @@ def test_a_commit_cut_off_before_the_server_got_it_is_retried(
     rec = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
     assert rec.epoch == 1 and store.get_task("r1", "train") == rec
     assert _transitions(store).count(("task", "PENDING", "RUNNING")) == 1
+
+
+# -- the hot writes: one statement each (segue.store.postgres_hot) ----------------------------
+def _hot_writes(store: PostgresStore) -> tuple[int, int]:
+    """A run RUNNING under controller epoch ce, its task RUNNING under attempt epoch e."""
+    make_run(store, steps=["train"])
+    ce = store.acquire_controller("r1", pid=1, host="h", ttl_s=60)
+    store.transition_run("r1", R.RUNNING, actor=Actor.CONTROLLER, reason="go", controller_epoch=ce)
+    return ce, store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch
+
+
+def test_hot_writes_take_one_statement_and_judge_like_the_locked_path(
+    store: PostgresStore, target: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ce, e = _hot_writes(store)
+    transactions: list[str] = []
+    real_once = store._once
+    monkeypatch.setattr(store, "_once", lambda body, begin, finish: (
+        begin and transactions.append(begin), real_once(body, begin, finish))[1])  # writes
+    before = _db_now(target)
+    hb = store.heartbeat("r1", "train", e, ttl_s=600)
+    assert hb.run_state is R.RUNNING and hb.lease_until >= before + 600
+    assert store.get_task("r1", "train").lease_until == hb.lease_until
+    renewed = store.renew_controller("r1", ce, ttl_s=600)
+    assert renewed.controller_lease_until is not None and renewed.controller_lease_until >= before + 600
+    moved = store.transition_run("r1", R.PAUSING, actor=Actor.CLI, reason="pause",
+                                 controller_epoch=ce)
+    assert moved.state is R.PAUSING and store.get_run("r1") == moved
+    assert transactions == [], "the common case opened a transaction"
+    ev = store.list_events("r1")[-1]
+    assert (ev.kind, ev.actor, ev.from_state, ev.to_state, ev.reason, ev.data) == (
+        "run", Actor.CLI, "RUNNING", "PAUSING", "pause", {})
+    # Whatever the one statement may not do goes to the locked path, which answers as ever.
+    assert store.transition_run("r1", R.PAUSING, actor=Actor.CLI, reason="again") == moved
+    with pytest.raises(IllegalTransitionError, match="PAUSING"):
+        store.transition_run("r1", R.PENDING, actor=Actor.CLI, reason="back")
+    with pytest.raises(IllegalTransitionError):
+        store.transition_run("r1", R.PAUSED, actor=Actor.CLI, reason="only", only_from={R.RUNNING})
+    with pytest.raises(FencedError):
+        store.transition_run("r1", R.RUNNING, actor=Actor.CONTROLLER, reason="old",
+                             controller_epoch=ce + 1)
+    with pytest.raises(FencedError):
+        store.renew_controller("r1", ce + 1, ttl_s=60)
+    with pytest.raises(FencedError):
+        store.heartbeat("r1", "train", e + 1, ttl_s=60)
+    assert len(transactions) >= 6 and store.get_run("r1") == moved
+    assert [x.data for x in refusals(store)] == [
+        {"epoch": ce + 1, "current": ce}, {"epoch": ce + 1, "current": ce},
+        {"epoch": e + 1, "current": e}]
+
+
+def _lose_answer(store: PostgresStore, monkeypatch: pytest.MonkeyPatch,
+                 cut: Callable[[Any], None], *, send: bool) -> list[bool]:
+    """The next one-statement write of ``store`` loses its connection: after the
+    statement committed (``send``: ``cut`` closes the client's end), or before it was
+    sent (``cut`` ends the session, so sending it fails)."""
+    import psycopg
+
+    real, armed = store._execute_one, [True]
+
+    def execute(conn: Any, sql: str, params: dict[str, Any]) -> Any:
+        if not armed[0]:
+            return real(conn, sql, params)
+        armed[0] = False
+        if not send:
+            cut(conn)
+            return real(conn, sql, params)  # fails: the session is gone
+        real(conn, sql, params)
+        cut(conn)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(store, "_execute_one", execute)
+    return armed  # [False] once the cut landed
+
+
+@pytest.mark.parametrize("send", [True, False], ids=["answer-lost", "never-arrived"])
+def test_a_hot_write_cut_off_is_applied_exactly_once(
+    store: PostgresStore, target: str, monkeypatch: pytest.MonkeyPatch, send: bool
+) -> None:
+    """The statement committed but its answer was lost (its commit marker says so), or
+    the session died before it arrived (no marker: the locked path runs it)."""
+    ce, e = _hot_writes(store)
+
+    def cut(conn: Any) -> None:
+        if send:
+            conn.close()  # the server committed; the client never hears back
+        else:
+            assert _sql(target, "SELECT pg_terminate_backend(%s, 60000)", conn.info.backend_pid)
+
+    landed = _lose_answer(store, monkeypatch, cut, send=send)
+    assert store.transition_run("r1", R.PAUSING, actor=Actor.CLI, reason="p").state is R.PAUSING
+    assert _transitions(store).count(("run", "RUNNING", "PAUSING")) == 1 and landed == [False]
+    landed = _lose_answer(store, monkeypatch, cut, send=send)
+    hb = store.heartbeat("r1", "train", e, ttl_s=900)
+    assert hb.run_state is R.PAUSING and hb.lease_until == store.get_task("r1", "train").lease_until
+    assert landed == [False]
+    landed = _lose_answer(store, monkeypatch, cut, send=send)
+    assert store.renew_controller("r1", ce, ttl_s=900).controller_epoch == ce and landed == [False]
+    assert refusals(store) == []
 
 
 def test_waiters_wake_on_a_committed_event_and_poll_when_notifications_are_lost(

@@ -55,7 +55,7 @@ from ..errors import (
     SegueError,
     StoreError,
 )
-from ..states import Actor, RunState, TaskState, check_run, check_task
+from ..states import RUN_TRANSITIONS, Actor, RunState, TaskState, check_run, check_task
 from .base import (
     CLOCK_FILE_ENV,
     CheckpointRecord,
@@ -70,6 +70,7 @@ from .base import (
 )
 from .postgres_extras import PostgresPoolMixin, start_attempt_in
 from .postgres_hosts import PostgresHostsMixin
+from .postgres_hot import HEARTBEAT, RENEW_CONTROLLER, TRANSITION_RUN
 from .postgres_schema import (
     Tx,
     event_record,
@@ -115,6 +116,10 @@ CLOCK_RESYNC_S = 5.0  # how often now() measures the database clock against this
 
 _READ = ""  # no transaction: each statement is one snapshot (autocommit)
 _WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
+
+
+class _Committed(Exception):
+    """A one-statement write committed, but its answer was lost with the connection."""
 
 
 def is_postgres_url(s: object) -> bool:
@@ -270,9 +275,42 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
         except FencedError as exc:
             self._record_refusal(exc)
             raise
+        self._maybe_purge()
+        return result
+
+    def _maybe_purge(self) -> None:
         if time.monotonic() >= self._purge_at:
             self._purge_markers()
-        return result
+
+    def _write_one(self, sql: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """Run one of :mod:`.postgres_hot`'s statements (its own transaction, one round
+        trip) and return its row. None: it wrote nothing (its check failed, or the
+        connection failed before it committed); the caller then runs the locked path,
+        which judges again and retries. A lost answer to a statement that did commit
+        raises :class:`_Committed`."""
+        token = uuid.uuid4()
+        fault_point("store.before_commit")  # as in _once: a write cut off here leaves no trace
+        pool = self._pool()
+        try:
+            conn = pool.getconn()
+        except (self._pool_mod.PoolTimeout, self._pool_mod.PoolClosed):
+            return None
+        lost: BaseException | None = None
+        try:
+            row = self._execute_one(conn, sql, {**params, "token": token, "offset": self._offset()})
+        except self._psycopg.Error as exc:
+            if not self._transient(exc, conn):
+                raise
+            lost = exc
+        finally:
+            pool.putconn(conn)
+        if lost is None:
+            self._maybe_purge()
+            return cast(Any, row)
+        self._drop_dead_connections()
+        if self._committed(token, lost):
+            raise _Committed()
+        return None
 
     def _run(self, body: Callable[[Tx], T], begin: str, finish: str) -> T:
         last: BaseException | None = None
@@ -325,6 +363,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
             return result
         finally:
             pool.putconn(conn)
+
+    def _execute_one(self, conn: Conn, sql: str, params: dict[str, Any]) -> Any:
+        """Send one statement and read its row (tests replace it to lose the answer)."""
+        return conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
 
     def _finish(self, conn: Conn, finish: str) -> None:
         """Send COMMIT or ROLLBACK (tests replace it to lose the answer to a COMMIT)."""
@@ -471,8 +513,20 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
                        only_from: Collection[RunState] | None = None,
                        controller_epoch: int | None = None) -> RunRecord:
         """Write, READ COMMITTED: the run's row lock is taken before the fence and
-        the state are judged, so a controller takeover cannot slip in between."""
+        the state are judged, so a controller takeover cannot slip in between.
+        One statement when the move is legal from the run's state (:mod:`.postgres_hot`);
+        a move that is not (or a no-op) is judged by the locked path."""
         to = RunState(to)
+        sources = [s.value for s in RunState if s != to and to in RUN_TRANSITIONS[s]
+                   and (only_from is None or s in only_from)]
+        try:
+            row = self._write_one(TRANSITION_RUN, {
+                "run_id": run_id, "sources": sources, "to": to.value, "actor": str(actor),
+                "reason": reason, "controller_epoch": controller_epoch})
+        except _Committed:
+            return self.get_run(run_id)  # it moved; the answer was lost on the way
+        if row is not None:
+            return _run_record(cast(Any, row))
 
         def body(tx: Tx) -> RunRecord:
             row = lock_run(tx, run_id)
@@ -529,7 +583,16 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
         return self._write(body)
 
     def renew_controller(self, run_id: str, epoch: int, ttl_s: float) -> RunRecord:
-        """Write, READ COMMITTED, fenced under the run's row lock; database clock."""
+        """Write, READ COMMITTED, fenced under the run's row lock; database clock.
+        One statement when ``epoch`` still holds the run (:mod:`.postgres_hot`)."""
+        try:
+            row = self._write_one(RENEW_CONTROLLER, {"run_id": run_id, "epoch": epoch,
+                                                     "ttl_s": float(ttl_s)})
+        except _Committed:
+            row = None  # renewed; the locked path renews it again and answers
+        if row is not None:
+            return _run_record(cast(Any, row))
+
         def body(tx: Tx) -> RunRecord:
             row = lock_run(tx, run_id)
             _check_controller_epoch(run_id, cast(Any, row), epoch)
@@ -636,7 +699,16 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
 
     def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
         """Write, READ COMMITTED, fenced under the task's row lock; the lease is the
-        database's clock plus ``ttl_s``. The run's state is read without a lock."""
+        database's clock plus ``ttl_s``. The run's state is read without a lock.
+        One statement when the attempt still holds the task (:mod:`.postgres_hot`)."""
+        try:
+            row = self._write_one(HEARTBEAT, {"run_id": run_id, "step": step, "epoch": epoch,
+                                              "ttl_s": float(ttl_s)})
+        except _Committed:
+            row = None  # extended; the locked path extends it again and answers
+        if row is not None:
+            return Heartbeat(run_state=RunState(row["run_state"]), lease_until=row["lease_until"])
+
         def body(tx: Tx) -> Heartbeat:
             fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=True)
             t = tx.now()
