@@ -19,7 +19,8 @@ import json
 import os
 import time
 import uuid
-from concurrent.futures import Executor
+from collections.abc import Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -53,7 +54,7 @@ def write_blobs(storage: CheckpointStorage, plans: list[BlobPlan], pool: Executo
     """
     writers: dict[str, BlobWriter] = {}
     try:
-        for p in plans:
+        for p in plans:  # one by one: parallel preallocations contend for the journal
             writers[p.path] = storage.create_blob(p.path, p.size)
         jobs = [(writers[p.path], batch) for p in plans for batch in p.batches()]
 
@@ -133,13 +134,16 @@ def _write_checkpoint(
     try:
         reused = [p for p in unique if _present(storage, p, known)]
         missing = [p for p in unique if p not in reused]
+        # The manifest (pure Python) is built while the pool's other threads write.
+        built = _submit(pool, lambda: _manifest(plans, tree=tree, meta=meta, versions=versions,
+                                                tags=tags))
         write_blobs(storage, missing, pool)
         fault_point("checkpoint.blob_written")
-        manifest = _manifest(plans, tree=tree, meta=meta, versions=versions, tags=tags)
+        manifest, manifest_json = built.result()
         try:
             storage.publish(
                 manifest_path,
-                manifest.to_json().encode(),
+                manifest_json,
                 before_publish=lambda: fault_point("checkpoint.manifest_tmp"),
             )
         except FileExistsError:
@@ -165,6 +169,19 @@ def _write_checkpoint(
         seconds=time.perf_counter() - t0,
     )
     return manifest, stats
+
+
+def _submit(pool: Executor | None, fn: Callable[[], Manifest]) -> Future[tuple[Manifest, bytes]]:
+    """``fn``'s manifest and its JSON, built on ``pool`` (or here, without one)."""
+    def build() -> tuple[Manifest, bytes]:
+        m = fn()
+        return m, m.to_json().encode()
+
+    if pool is not None:
+        return pool.submit(build)
+    done: Future[tuple[Manifest, bytes]] = Future()
+    done.set_result(build())
+    return done
 
 
 def _manifest(
