@@ -163,6 +163,7 @@ def test_pool_detect_keeps_configured_virtual_gpus_unless_replaced(segue: Segue)
     assert proc.returncode == 2
     assert "has 2 configured virtual gpus" in proc.stderr and "--replace" in proc.stderr
     assert len(segue.json("pool")["devices"]) == 2  # nothing changed
+    assert segue.json("pool", "--all-hosts") == [segue.json("pool")]  # a machine's pool: this host
     proc = segue("pool", "detect", "--replace")
     assert proc.returncode == 0, proc.stderr
     doc = segue.json("pool")

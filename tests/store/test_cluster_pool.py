@@ -201,26 +201,49 @@ def test_eight_runs_on_three_hosts_share_four_devices_by_priority(
     def waits(run: str) -> bool:
         return any(r.run_id == run for r in PostgresHostPool(store).list_requests())
 
+    def preempted(victim: str, by: str) -> bool:
+        """``by`` preempted ``victim``, which holds no device now (a preempted run may
+        already be RUNNING again, waiting in line: it resumes by itself)."""
+        return any(f"preempted by run '{by}'" in e.reason for e in store.list_events(victim)) \
+            and not any(x.run_id == victim for x in PostgresHostPool(store).list_allocations())
+
+    def wait(pred: Callable[[], bool], timeout: float, what: str, run: str) -> None:
+        try:
+            wait_for(pred, timeout, what)
+        except AssertionError as e:  # say what the run and the pool were doing
+            pool = PostgresHostPool(store)
+            said = [(ev.kind, ev.actor, ev.to_state, ev.reason) for ev in store.list_events(run)]
+            raise AssertionError(f"{e}; {run}'s events: {said}; its task: "
+                                 f"{store.get_task(run, 'work')}; requests: {pool.list_requests()}; "
+                                 f"allocations: {pool.list_allocations()}") from None
+
     # Four runs take the four devices.
     for run, host, prio in (("r0", "a", "batch"), ("r1", "b", "normal"), ("r2", "c", "high"),
                             ("r3", "a", "urgent")):
         submit(run, host, prio)
-        wait_for(lambda run=run, host=host: runs_on(run, host), 180, f"{run} to hold a device of {host}")
+        wait(lambda run=run, host=host: runs_on(run, host), 180, f"{run} to hold a device of {host}", run)
+    # `segue pool --all-hosts` shows the whole cluster, the asking host first.
+    view = homes["b"].json("pool", "--all-hosts")
+    assert [v["host"] for v in view] == ["b", "a", "c"]
+    holders = {v["host"]: sorted(d["holder"]["run_id"] for d in v["devices"] if d["holder"])
+               for v in view}
+    assert holders == {"a": ["r0", "r3"], "b": ["r1"], "c": ["r2"]}, holders
+    assert len({v["pool"] for v in view}) == 1 and view[0]["pool"].startswith("postgresql://")
     # A batch run can preempt nobody: it waits.
     submit("r4", "b", "batch")
-    wait_for(lambda: waits("r4"), 120, "r4 to wait in line")
+    wait(lambda: waits("r4"), 120, "r4 to wait in line", "r4")
     # A normal run on c (held by a high run) preempts the batch run on a and moves there.
     submit("r5", "c", "normal")
-    wait_for(lambda: runs_on("r5", "a"), 180, "r5 to move to host a")
-    assert store.get_run("r0").state.value == "PAUSED"
+    wait(lambda: runs_on("r5", "a"), 180, "r5 to move to host a", "r5")
+    assert preempted("r0", "r5"), store.list_events("r0")
     # An urgent run on b preempts b's normal run (one victim here or on a: this host wins).
     submit("r6", "b", "urgent")
-    wait_for(lambda: runs_on("r6", "b"), 180, "r6 to run on b")
-    assert store.get_run("r1").state.value == "PAUSED"
+    wait(lambda: runs_on("r6", "b"), 180, "r6 to run on b", "r6")
+    assert preempted("r1", "r6"), store.list_events("r1")
     # A high run on a preempts the normal run that moved there.
     submit("r7", "a", "high")
-    wait_for(lambda: runs_on("r7", "a"), 180, "r7 to run on a")
-    assert store.get_run("r5").state.value == "PAUSED"
+    wait(lambda: runs_on("r7", "a"), 180, "r7 to run on a", "r7")
+    assert preempted("r5", "r7"), store.list_events("r5")
     for g in gates.values():
         g.touch()
     for run in gates:

@@ -21,6 +21,8 @@ def add_parsers(sub: Any) -> None:
     q.add_argument("--json", action="store_true")
     p = sub.add_parser("pool", help="this host's devices and who holds them (every home)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--all-hosts", action="store_true",
+                   help="every host of a cluster-wide pool (a PostgreSQL store's), this one first")
     psub = p.add_subparsers(dest="pool_cmd")
     s = psub.add_parser("set", help="configure this host's pool (virtual GPUs for machines without them)")
     s.add_argument("--gpus", type=int, default=None, help="number of (virtual) GPUs")
@@ -66,6 +68,13 @@ def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
                                      memory=None if a.memory is None else parse_memory(a.memory, "--memory"))
     elif a.pool_cmd == "detect":
         view = client.detect_pool(replace=a.replace)
+    elif getattr(a, "all_hosts", False):
+        docs = [v.to_json() for v in client.pools()]
+        if a.json:
+            print_json(docs)
+        else:
+            print("\n".join(line for d in docs for line in format_pool(d)))
+        return 0
     else:
         view = client.pool()
     doc = view.to_json()

@@ -25,6 +25,7 @@ from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import Prices
 from ..states import Actor, RunState
 from ..store.base import RunRecord, Store, TaskRecord
+from ..store.pool import HostPool, HostPoolStore
 from .base import RESTING, BaseClient, check_changes_limit
 from .records import (
     CheckpointRecord,
@@ -336,13 +337,27 @@ class LocalClient(BaseClient):
         return stream_logs(found, headers=attempt is None)
 
     def pool(self) -> PoolView:
-        from ..scheduler.devices import ensure_host, gpu_processes
-        from ..scheduler.views import pool_doc
+        from ..scheduler.devices import ensure_host
 
         pool = self._open_pool()
-        hp = ensure_host(pool, this_host())
-        doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if any(
-            not d.virtual for d in hp.devices) else {}, home=self.pool_home)
+        return self._pool_view(pool, ensure_host(pool, this_host()))
+
+    def pools(self) -> list[PoolView]:
+        """Every host of the pool, this host first: on a cluster-wide pool (a PostgreSQL
+        store's) every host an agent or a ``segue pool set`` registered; on a machine's
+        pool, this host alone. Only this host's driver is asked about processes."""
+        pool = self._open_pool()
+        here = self.pool()
+        return [here, *(self._pool_view(pool, hp) for hp in pool.list_hosts()
+                        if hp.host != here.host)]
+
+    def _pool_view(self, pool: HostPoolStore, hp: HostPool) -> PoolView:
+        from ..scheduler.devices import gpu_processes
+        from ..scheduler.views import pool_doc
+
+        local = hp.host == this_host() and any(not d.virtual for d in hp.devices)
+        doc = pool_doc(hp, pool.list_allocations(hp.host), gpu_processes() if local else {},
+                       home=self.pool_home)
         where = str(pool.path)
         if pool.cluster:
             from ..store.postgres import _label
