@@ -24,7 +24,7 @@ from concurrent.futures import Executor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from .._atomic import fsync_dir
 from .._faults import fault_point
@@ -309,10 +309,7 @@ class LocalStorage(CheckpointStorage):
         # In three batches: every file's data durable (in parallel, so the device
         # merges the flushes), every rename, then each changed directory once. A
         # blob-by-blob commit costs a journal commit per blob and per new directory.
-        local = [w for w in writers if isinstance(w, _LocalBlobWriter)]
-        if len(local) < len(writers):
-            super().commit_blobs(writers, pool, before_publish)
-            return
+        local = cast(list[_LocalBlobWriter], list(writers))  # create_blob made them all
         run_all(pool, _LocalBlobWriter.sync, local)
         for w in local:
             w.publish(before_publish)

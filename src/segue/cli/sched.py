@@ -68,7 +68,7 @@ def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
                                      memory=None if a.memory is None else parse_memory(a.memory, "--memory"))
     elif a.pool_cmd == "detect":
         view = client.detect_pool(replace=a.replace)
-    elif getattr(a, "all_hosts", False):
+    elif a.all_hosts:
         docs = [v.to_json() for v in client.pools()]
         if a.json:
             print_json(docs)
@@ -77,11 +77,10 @@ def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
         return 0
     else:
         view = client.pool()
-    doc = view.to_json()
     if a.json:
-        print_json(doc)
-        return 0
-    print("\n".join(format_pool(doc)))
+        print_json(view.to_json())
+    else:
+        print("\n".join(format_pool(view.to_json())))
     return 0
 
 
