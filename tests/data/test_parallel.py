@@ -146,7 +146,10 @@ def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(seg
     check_exactly_once(clean, n)
 
     hold = tmp_path / "hold"  # the last record waits for it: the run cannot end before the kills
-    segue.env.update({"MAPPARALLEL_HOLD": str(hold), "MAPPARALLEL_HOLD_K": str(n - 1)})
+    # Slower records (8 s a pass): an attempt must not reach the held record, where it can
+    # no longer checkpoint, before this test saw its first commit, however starved it is.
+    segue.env.update({"MAPPARALLEL_HOLD": str(hold), "MAPPARALLEL_HOLD_K": str(n - 1),
+                      "MAPPARALLEL_WORK_S": "0.004"})
     out = tmp_path / "out"
     segue("run", FLOW, "--run-id", "faulty", "-p", f"input={inp}", "-p", f"out={out}", "--detach", check=True)
     store = Home.resolve(segue.home).open_store()

@@ -300,14 +300,13 @@ def test_runs_page_with_10k_runs(_test_pool: Path) -> None:
 
 def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[str, str], home: Home,
                                                   _test_pool: Path) -> None:
-    import socket
-
+    from segue.hostname import this_host
     from segue.scheduler.policy import Need
     from segue.store.hostpool import open_pool
     from segue.store.pool import Allocated
 
     pool = open_pool(_test_pool)
-    host = socket.gethostname()
+    host = this_host()  # the pool page's host, as every segue process names it
     pool.configure_host(host, cpus=8, memory=64 * 2**30, devices=[("virtual-0", 96 * 2**30, True)],
                         source="configured")
     for i, run in enumerate(("embed-a", "embed-b")):
@@ -317,7 +316,7 @@ def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[
     login(web, tokens["viewer"])
     page = web.get("/pool").text
     row = re.search(r'<tr class="held">.*?</tr>', page, re.S)
-    assert row is not None
+    assert row is not None, re.sub(r"\s+", " ", page[page.find("<main"):])[:3000]  # what it showed instead
     assert '<a href="/runs/embed-a">embed-a</a> · embed' in row.group(0)
     assert '<a href="/runs/embed-b">embed-b</a> · embed' in row.group(0)
     assert "16.0 GiB free" in row.group(0) or "16 GiB free" in row.group(0), row.group(0)

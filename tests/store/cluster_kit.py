@@ -39,12 +39,12 @@ class Cluster:
             s.env["SEGUE_POOL"] = str(self.root / host / "pool.db")
         return s
 
-    def start_agent(self, host: str, env: dict[str, str] | None = None) -> None:
+    def start_agent(self, host: str, env: dict[str, str] | None = None, ttl: str = AGENT_TTL) -> None:
         h = self.home(host)
         h.env.update(env or {})
         with open(self.root / f"agent-{host}.log", "a") as log:  # the child keeps its own descriptor
             self.agents[host] = subprocess.Popen(
-                [sys.executable, "-m", "segue", "agent", "--host-id", host, "--ttl", AGENT_TTL, "--poll", "0.2"],
+                [sys.executable, "-m", "segue", "agent", "--host-id", host, "--ttl", ttl, "--poll", "0.2"],
                 stdout=log, stderr=subprocess.STDOUT, text=True, env=h.env)
         pid = self.agents[host].pid
         wait_for(lambda: any(x.host == host and x.pid == pid and x.alive(self.store.now())

@@ -181,10 +181,13 @@ def test_eight_runs_on_three_hosts_share_four_devices_by_priority(
     GPUs, b and c: one each). Each holds half-way until the test opens its gate, so every
     contention below is set up by observed state, not by timing."""
     cluster.cluster_pool = True
+    # Nothing here waits out a lease (no process is killed): long ones, so that a CPU
+    # starved by other tests never lapses a controller's or an agent's lease.
+    cluster.env["SEGUE_LEASE_TTL_S"] = "30"
     homes = {h: cluster.home(h) for h in "abc"}
     for host, n in (("a", 2), ("b", 1), ("c", 1)):
         homes[host]("pool", "set", "--gpus", str(n), "--gpu-mem", "80GB", "--cpus", "8", check=True)
-        cluster.start_agent(host)
+        cluster.start_agent(host, ttl="20")
     store = cluster.store
     gates: dict[str, Path] = {}
 
@@ -215,7 +218,13 @@ def test_eight_runs_on_three_hosts_share_four_devices_by_priority(
             said = [(ev.kind, ev.actor, ev.to_state, ev.reason) for ev in store.list_events(run)]
             raise AssertionError(f"{e}; {run}'s events: {said}; its task: "
                                  f"{store.get_task(run, 'work')}; requests: {pool.list_requests()}; "
-                                 f"allocations: {pool.list_allocations()}") from None
+                                 f"allocations: {pool.list_allocations()}; every run: {everyone()}; agents: "
+                                 f"{[(h.host, h.pid, h.alive(store.now())) for h in store.list_hosts()]}") from None
+
+    def everyone() -> dict[str, tuple[str, str, str | None, int | None]]:
+        tasks = {r: store.get_task(r, "work") for r in gates}
+        return {r: (store.get_run(r).state.value, t.state.value, t.host, t.progress_done)
+                for r, t in tasks.items()}
 
     # Four runs take the four devices.
     for run, host, prio in (("r0", "a", "batch"), ("r1", "b", "normal"), ("r2", "c", "high"),
@@ -246,8 +255,8 @@ def test_eight_runs_on_three_hosts_share_four_devices_by_priority(
     assert preempted("r5", "r7"), store.list_events("r5")
     for g in gates.values():
         g.touch()
-    for run in gates:
-        cluster.home("a").wait_state(run, {"SUCCEEDED"}, 300)  # the paused ones resume by themselves
+    for run in gates:  # the paused ones resume by themselves
+        wait(lambda run=run: store.get_run(run).state.value == "SUCCEEDED", 300, f"{run} to succeed", run)
         out = homes["a"].output(run, "work")
         assert out["i"] == 200 and out["acc"] == _gpujob.expected_acc(200), run
     events = {run: store.list_events(run) for run in gates}

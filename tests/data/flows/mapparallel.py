@@ -3,6 +3,7 @@
 ``MAPPARALLEL_HOLD=PATH`` and ``MAPPARALLEL_HOLD_K=K`` in the environment (the
 sub-workers inherit it): the record with key K waits until PATH exists, so a
 test's faults all land before the run can finish, however fast the machine.
+``MAPPARALLEL_WORK_S`` is the time every fourth record takes (0.001 s).
 """
 
 import os
@@ -27,5 +28,5 @@ def upper(record):
         while not os.path.exists(hold):
             time.sleep(0.01)
     if record["k"] % 4 == 0:
-        time.sleep(0.001)  # stands for real work
+        time.sleep(float(os.environ.get("MAPPARALLEL_WORK_S", "0.001")))  # stands for real work
     return {"k": record["k"], "v": record["v"].upper()}
