@@ -16,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
@@ -72,7 +73,10 @@ class SubWorkerPool(ABC):
 class LocalProcessPool(SubWorkerPool):
     """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork)."""
 
-    def __init__(self) -> None:
+    def __init__(self, target: Callable[..., None] | None = None, noun: str = "sub-worker") -> None:
+        # ``target(conn, parent_pid, index, recipe, devices)`` runs in each process:
+        # a map step's sub-worker by default, a gang step's rank (run/gang_rank.py).
+        self._target, self._noun = target, noun
         self._procs: dict[int, Any] = {}
         self._conns: dict[int, Connection] = {}
         self._leaving: set[int] = set()
@@ -82,8 +86,8 @@ class LocalProcessPool(SubWorkerPool):
 
         mp = multiprocessing.get_context("spawn")
         mine, theirs = mp.Pipe(duplex=True)
-        p = mp.Process(target=main, args=(theirs, os.getpid(), index, recipe, devices),
-                       name=f"segue-subworker-{index}", daemon=True)
+        p = mp.Process(target=self._target or main, args=(theirs, os.getpid(), index, recipe, devices),
+                       name=f"segue-{self._noun.replace('-', '')}-{index}", daemon=True)
         p.start()
         theirs.close()  # so that the sub-worker's death reads as EOF here
         self._procs[index] = p
@@ -96,7 +100,7 @@ class LocalProcessPool(SubWorkerPool):
     def _lost(self, i: int, why: str) -> SubWorkerLost:
         p = self._procs[i]
         p.join(0.5)
-        return SubWorkerLost(f"sub-worker {i} (pid {p.pid}) {why} (exit code {p.exitcode}); "
+        return SubWorkerLost(f"{self._noun} {i} (pid {p.pid}) {why} (exit code {p.exitcode}); "
                              f"the attempt is retried from the last checkpoint")
 
     def leaving(self, index: int) -> None:
@@ -121,9 +125,11 @@ class LocalProcessPool(SubWorkerPool):
                     if i in self._leaving:
                         self.remove(i)  # a retired sub-worker exited, as told
                         break
+                    if out:  # its last words first (a rank's "done"); the end, next call
+                        break
                     raise self._lost(i, "exited") from None
                 if msg[0] == "error":
-                    raise SubWorkerLost(f"sub-worker {i} failed: {msg[1]}")
+                    raise SubWorkerLost(f"{self._noun} {i} failed: {msg[1]}")
                 out.append((i, msg))
                 if not c.poll():
                     break

@@ -158,6 +158,10 @@ class StepSpec:
     mtbf_s: float | None = None  # configured mean time between failures, for "auto"
     keep_checkpoints: int = 3  # committed checkpoints kept per task; older ones are pruned
     model: Mapping[str, Any] | None = None  # the model handler's identity (name, version, config)
+    # A gang step's ranks (``world_size=N``): N processes, each running ``fn`` with its
+    # own ``ctx.rank``; their checkpoints are one, committed in two phases (run/gang.py).
+    world_size: int = 1
+    distributed: str | None = None  # "gloo" / "nccl": each rank joins a torch.distributed group
 
     def source_digest(self) -> str:
         """Hash of the step function's source (and its model's identity), for the code fingerprint."""
@@ -211,8 +215,19 @@ class Flow:
         allow_pickle: bool = False,
         mtbf: str | float | None = None,
         keep_checkpoints: int = 3,
+        world_size: int = 1,
+        distributed: str | None = None,
     ) -> Any:
-        """Declare a step. Usable as ``@flow.step`` or ``@flow.step(...)``."""
+        """Declare a step. Usable as ``@flow.step`` or ``@flow.step(...)``.
+
+        ``world_size=N`` makes it a gang step: N ranks run ``fn`` at once, each with
+        its ``ctx.rank``, on ``gpus`` devices each; every rank's ``ctx.checkpoint`` is
+        one checkpoint of the whole gang, committed only once every rank's shard is
+        durable; any rank's failure restarts the gang from the last such checkpoint;
+        rank 0's return value is the step's output. ``distributed="gloo"`` (or
+        ``"nccl"``) also joins the ranks in a torch.distributed process group. See
+        docs/gang.md.
+        """
 
         def register(f: Callable[..., Any]) -> Callable[..., Any]:
             name = f.__name__
@@ -241,6 +256,12 @@ class Flow:
             )
             if not _is_int(keep_checkpoints) or keep_checkpoints < 1:
                 raise FlowError(f"step {name!r}: keep_checkpoints must be an int >= 1")
+            if not _is_int(world_size) or world_size < 1:
+                raise FlowError(f"step {name!r}: world_size must be an int >= 1 (its number of "
+                                f"ranks), not {world_size!r}")
+            if distributed not in (None, "gloo", "nccl"):
+                raise FlowError(f"step {name!r}: distributed must be 'gloo' (CPU) or 'nccl' (GPU), "
+                                f"not {distributed!r}")
             ups = tuple(a if isinstance(a, str) else a.__name__ for a in after)
             self.steps[name] = StepSpec(
                 name=name,
@@ -252,6 +273,7 @@ class Flow:
                     memory=parse_memory(memory, f"step {name!r}: memory"),
                     gpu_memory=parse_memory(gpu_memory, f"step {name!r}: gpu_memory"),
                     accelerator=accelerator.strip() if accelerator else None,
+                    workers=(int(world_size), int(world_size)),  # gpus are per rank
                 ),
                 retries=retries,
                 checkpoint_every_s=every_s,
@@ -260,6 +282,8 @@ class Flow:
                 checkpoint_auto=auto,
                 mtbf_s=None if mtbf is None else parse_duration(mtbf, f"step {name!r}: mtbf"),
                 keep_checkpoints=keep_checkpoints,
+                world_size=int(world_size),
+                distributed=distributed,
             )
             return f
 

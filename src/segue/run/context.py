@@ -103,6 +103,7 @@ class StepContext:
         self.params = MappingProxyType(dict(params))
         self.epoch = epoch
         self.attempt = attempt
+        self.rank, self.world_size = 0, 1  # a gang step's ranks each have their own (run/gang.py)
         self.inputs: Mapping[str, Any] = _Inputs(spec.after, load_input)
         # The last progress the previous attempt reported: how far it got, which
         # may be past its last checkpoint (that difference is work done again).
@@ -162,6 +163,11 @@ class StepContext:
         self._flags.progress = (float(done), None if total is None else float(total))
         self._flags.progress_dirty = True
 
+    @property
+    def reported_progress(self) -> tuple[float, float | None] | None:
+        """The last :meth:`progress` reported, as (done, total)."""
+        return self._flags.progress
+
     def record_event(self, kind: str, reason: str, *, data: Mapping[str, Any] | None = None,
                      stats: Mapping[str, float] | None = None) -> None:
         """Append an event of ``kind`` for this step to the run's history, and add
@@ -182,6 +188,16 @@ class StepContext:
         event) and the previous one is tried; if every committed checkpoint is
         bad the step fails rather than silently starting fresh.
         """
+        payload = self.restore_payload()
+        if payload is None:
+            return None
+        rng.restore(payload.get("rng", {}))
+        return payload["state"]
+
+    def restore_payload(self, check: Callable[[Any], None] | None = None) -> Any | None:
+        """The newest committed checkpoint's whole payload that verifies (and passes
+        ``check``, which raises CheckpointCorruptError to reject it), or None on a first
+        start; the bad ones are quarantined as :meth:`restore` says."""
         everything = self._store.list_checkpoints(
             self.run_id, self.step, statuses=("committed", "quarantined", "pruned")
         )
@@ -198,14 +214,14 @@ class StepContext:
         for rec in committed:  # newest first
             try:
                 loaded = ckpt.load(self._storage, rec.path, allow_pickle=self.spec.allow_pickle)
+                if check is not None:
+                    check(loaded.state)
             except CheckpointCorruptError as exc:
                 bad.append((rec.seq, rec.path, exc, self._quarantine(rec.seq, rec.path, exc)))
                 continue
             self._warn_bad(bad, f"using checkpoint {rec.seq} at {rec.path}", rec.seq, rec.path)
-            payload = loaded.state
-            rng.restore(payload.get("rng", {}))
             self._interval.mark(None)
-            return payload["state"]
+            return loaded.state
         if committed:
             self._warn_bad(bad, "no earlier checkpoint verifies", None, None)
         if history:
@@ -252,18 +268,10 @@ class StepContext:
         checkpoint (an exactly-once sink's two-phase commit) must use it, so it
         never publishes ahead of the commit.
         """
-        if not self._restored:
-            # Without this, seq numbers could collide with committed ones.
-            everything = self._store.list_checkpoints(
-                self.run_id, self.step, statuses=("committed", "quarantined", "pruned")
-            )
-            self._next_seq = max((c.seq for c in everything), default=0) + 1
-            self._restored = True
         _faults.fault_point("ctx.before_checkpoint")
         t0 = time.perf_counter()  # the commit event records the save's duration (for /metrics)
         self._record_cost()
-        seq = self._next_seq
-        path = checkpoint_path(self.run_id, self.step, seq, self.epoch)
+        seq, path = self.claim_seq()
         pos = position if position is not None else {"seq": seq, "steps": self._cur_steps}
         meta = {
             "run_id": self.run_id,
@@ -278,22 +286,12 @@ class StepContext:
         def on_durable(saved: ckpt.SaveResult) -> None:
             # Runs in the writer's thread once the manifest is durable.
             _faults.fault_point("ctx.after_save")
-            self._store.commit_checkpoint(
-                self.run_id, self.step, self.epoch, seq=seq, path=path, position=pos,
-                nbytes=saved.nbytes + self._manifest_size(path),
-                duration_s=round(time.perf_counter() - t0, 6),
-            )
-            if progress is not None:
-                self._store.report_progress(self.run_id, self.step, self.epoch, *progress)
-            _faults.fault_point("ctx.after_commit")
-            self._apply_retention()
+            self.commit(seq, path, pos, nbytes=saved.nbytes + self._manifest_size(path),
+                        duration_s=time.perf_counter() - t0, progress=progress)
 
         self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
                                 on_durable=on_durable)
-        self._next_seq = seq + 1
-        self.checkpoints_written += 1
-        self._interval.mark(self._cur_steps)
-        self._flags.checkpoint_requested = False
+        self.saved(self._cur_steps)
         if durable or self._flags.pause_requested:
             self._writer.wait()  # committed (a pause too waits for the save in flight)
         if self._flags.pause_requested:
@@ -302,6 +300,39 @@ class StepContext:
     def close(self) -> None:
         """Wait for the save in flight (raising its failure, if any) and stop the writer."""
         self._writer.close()
+
+    # -- the commit protocol's parts (a gang's coordinator uses them too) -------------
+    def claim_seq(self) -> tuple[int, str]:
+        """The next checkpoint's sequence number and path, never one in the store already."""
+        if not self._restored:
+            # Without this, seq numbers could collide with committed ones.
+            everything = self._store.list_checkpoints(
+                self.run_id, self.step, statuses=("committed", "quarantined", "pruned")
+            )
+            self._next_seq = max((c.seq for c in everything), default=0) + 1
+            self._restored = True
+        seq = self._next_seq
+        self._next_seq = seq + 1
+        return seq, checkpoint_path(self.run_id, self.step, seq, self.epoch)
+
+    def saved(self, steps: int | None) -> None:
+        """A checkpoint was taken at ``steps``: the interval starts over."""
+        self.checkpoints_written += 1
+        self._interval.mark(steps)
+        self._flags.checkpoint_requested = False
+
+    def commit(self, seq: int, path: str, position: Any, *, nbytes: int, duration_s: float,
+               progress: tuple[float, float | None] | None) -> None:
+        """Record checkpoint ``seq`` (durable at ``path``) in the store, fenced by this
+        attempt's epoch: the commit point. Then prune past the retention."""
+        self._store.commit_checkpoint(
+            self.run_id, self.step, self.epoch, seq=seq, path=path, position=position,
+            nbytes=nbytes, duration_s=round(duration_s, 6),
+        )
+        if progress is not None:
+            self._store.report_progress(self.run_id, self.step, self.epoch, *progress)
+        _faults.fault_point("ctx.after_commit")
+        self._apply_retention()
 
     # -- internals -----------------------------------------------------------
     def _manifest_size(self, path: str) -> int:

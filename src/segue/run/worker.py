@@ -103,6 +103,15 @@ def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None
             tmp.unlink()
 
 
+def save_output(storage: ckpt.CheckpointStorage, run_id: str, step: str, epoch: int, value: Any, *,
+                allow_pickle: bool) -> str:
+    """Save a step's return value as its output checkpoint; returns the reference."""
+    ref = output_path(run_id, step, epoch)
+    ckpt.save(storage, ref, {"value": value}, meta={"kind": "output", "run_id": run_id, "step": step,
+              "epoch": epoch}, allow_pickle=allow_pickle)
+    return ref
+
+
 def describe_error(exc: BaseException, home: Home, run_id: str) -> str:
     """One line for the operator; a full disk says what it stopped, where, and what to do."""
     if is_disk_full(exc):
@@ -163,13 +172,18 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             home=home, options=run.options,
         )
         shield_libraries()  # after the store and the storage imported their clients
-        result = spec.fn(ctx)
-        ctx.close()  # the last checkpoint's commit lands before the output's
-        ref = None
-        if result is not None:
-            ref = output_path(run_id, step, epoch)
-            ckpt.save(storage, ref, {"value": result}, meta={"kind": "output", "run_id": run_id,
-                      "step": step, "epoch": epoch}, allow_pickle=spec.allow_pickle)
+        if spec.world_size > 1:  # this process coordinates the gang's ranks
+            from .gang import Gang
+
+            devices = [int(d) for d in os.environ.get("SEGUE_DEVICES", "").split(",") if d.strip()]
+            # Rank 0 saved the output itself (it never crosses a pipe): its reference.
+            ref = Gang(ctx, store, storage, home=str(home.root), devices=devices).run()
+            ctx.close()
+        else:
+            result = spec.fn(ctx)
+            ctx.close()  # the last checkpoint's commit lands before the output's
+            ref = None if result is None else save_output(storage, run_id, step, epoch, result,
+                                                          allow_pickle=spec.allow_pickle)
         _faults.fault_point("worker.before_complete")
         if flags.progress is not None:
             store.report_progress(run_id, step, epoch, *flags.progress)

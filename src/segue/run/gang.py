@@ -1,0 +1,288 @@
+"""A gang step (``@flow.step(world_size=N)``): N ranks, one checkpoint, committed in two phases.
+
+The attempt's worker process is the gang's coordinator: it holds the task's
+lease and epoch, heartbeats, and runs no rank itself. It starts the N ranks
+behind the :class:`~segue.data.pool.SubWorkerPool` seam (local processes
+today) and speaks this protocol with each (rank -> coordinator, replies)::
+
+    restore                   -> restored SHARD|None  the shard of the checkpoint every rank resumes from
+    round KIND STEPS          -> round DUE SEQ PATH PAUSE
+                                 a collective: answered once every rank asked (KIND: due | checkpoint)
+    vote SEQ SHA NBYTES POS                          phase one: its shard is durable
+                              -> committed SEQ PARK  phase two: every rank voted, the store recorded it
+    progress DONE TOTAL                              rank 0's progress
+    parked | done REF                                it parked after a commit | it returned
+                                                     (rank 0 saved its value as the output at REF)
+
+The two-phase commit of checkpoint SEQ at PATH:
+
+1. A round decides the checkpoint (the interval, a pause, ``segue ckpt now``, or
+   every rank calling ``ctx.checkpoint``); every rank gets the same SEQ and PATH.
+2. Each rank writes its shard at ``PATH/rank-R``, an ordinary checkpoint whose
+   manifest (sizes and hashes) is published last, and votes with its
+   manifest's SHA-256.
+3. Once all N voted, the coordinator publishes the gang manifest at PATH (a
+   checkpoint naming every rank's shard with its manifest hash), then records
+   the checkpoint in the store under its epoch: the commit point. Only then
+   does a rank learn that it committed.
+4. A rank that dies or fails, or a vote that does not come within
+   ``$SEGUE_GANG_VOTE_TIMEOUT_S``, aborts: PATH is removed, every rank stops,
+   the attempt fails, and the retry restarts the whole gang from the last
+   committed checkpoint. A coordinator killed between the phases leaves an
+   uncommitted PATH; the next attempt removes it before its ranks start.
+
+Restore takes the newest committed gang checkpoint whose gang manifest and
+every rank's shard verify (and match the hash that rank voted); a bad one is
+quarantined, with a warning naming the checkpoint used instead. A checkpoint
+written by another number of ranks is refused. Pauses are decided at a
+round, so every rank parks after the same committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from .. import _faults
+from .. import checkpoint as ckpt
+from ..checkpoint.format import MANIFEST_NAME
+from ..data.pool import LocalProcessPool, SubWorkerPool
+from ..errors import CheckpointCorruptError, SegueError
+from ..store.base import Store
+from .context import StepContext
+from .park import Park
+
+VOTE_TIMEOUT_ENV = "SEGUE_GANG_VOTE_TIMEOUT_S"
+VOTE_TIMEOUT_S = 600.0
+
+
+class GangError(SegueError):
+    """The ranks broke the protocol (they asked at different steps) or the checkpoint
+    belongs to another number of ranks: retrying cannot help."""
+
+    segue_retryable = False
+
+
+class GangAborted(SegueError):
+    """A checkpoint of the gang was aborted (a vote did not come): retried from the last commit."""
+
+    segue_retryable = True
+
+
+@dataclass(frozen=True)
+class RankRecipe:
+    """What a rank process needs to run its copy of the step."""
+
+    home: str
+    run_id: str
+    step: str
+    epoch: int
+    world_size: int
+    master_port: int  # torch.distributed's rendezvous on 127.0.0.1
+    distributed: str | None
+
+
+@dataclass
+class _Voting:
+    seq: int
+    path: str
+    steps: int | None
+    park: bool
+    deadline: float
+    t0: float = field(default_factory=time.perf_counter)
+    votes: dict[int, tuple[str, int, Any]] = field(default_factory=dict)  # rank -> (sha, nbytes, position)
+
+
+def shard_path(path: str, rank: int) -> str:
+    return f"{path}/rank-{rank}"
+
+
+def manifest_sha256(storage: ckpt.CheckpointStorage, path: str) -> str:
+    return hashlib.sha256(storage.read_bytes(f"{path}/{MANIFEST_NAME}")).hexdigest()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Gang:
+    """Runs one attempt of a gang step; :meth:`run` returns the reference of the output
+    rank 0 saved (None if it returned None), or raises Park."""
+
+    def __init__(self, ctx: StepContext, store: Store, storage: ckpt.CheckpointStorage, *, home: str,
+                 devices: list[int] | None = None, pool: SubWorkerPool | None = None) -> None:
+        self.ctx, self.store, self.storage, self.home = ctx, store, storage, home
+        self.n = ctx.spec.world_size
+        self.devices = devices or []
+        self.pool = pool or LocalProcessPool(target=rank_main, noun="rank")
+        self.timeout = float(os.environ.get(VOTE_TIMEOUT_ENV, VOTE_TIMEOUT_S))
+        self._shards: list[str] | None = None  # chosen at the first restore
+        self._chosen = False
+        self._rounds: dict[int, deque[tuple[str, int | None]]] = {r: deque() for r in range(self.n)}
+        self._voting: _Voting | None = None
+        self._parked: set[int] = set()
+        self._done: dict[int, Any] = {}
+
+    # -- the attempt ------------------------------------------------------------------
+    def run(self) -> str | None:
+        self._sweep()
+        recipe = RankRecipe(home=self.home, run_id=self.ctx.run_id, step=self.ctx.step,
+                            epoch=self.ctx.epoch, world_size=self.n, master_port=_free_port(),
+                            distributed=self.ctx.spec.distributed)
+        per = self.ctx.spec.resources.gpus
+        try:
+            for r in range(self.n):
+                mine = tuple(self.devices[r * per:(r + 1) * per]) if per and self.devices else None
+                self.pool.add(r, recipe, mine)
+            return self._serve()
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self.pool.stop()
+
+    def _serve(self) -> str | None:
+        while True:
+            v = self._voting
+            if v is not None and time.monotonic() > v.deadline:
+                missing = sorted(set(range(self.n)) - set(v.votes))
+                raise GangAborted(f"rank{'s' if len(missing) > 1 else ''} {missing} did not vote for "
+                                  f"checkpoint {v.seq} within {self.timeout:g}s "
+                                  f"(${VOTE_TIMEOUT_ENV}); the gang restarts from its last commit")
+            for rank, msg in self.pool.recv(0.2):
+                self._on(rank, msg)
+            waiting = [r for r, q in self._rounds.items() if q]
+            if waiting and (self._done or self._parked):
+                ended = sorted(self._done.keys() | self._parked)
+                raise GangError(f"ranks {ended} of gang step {self.ctx.step!r} ended while ranks "
+                                f"{waiting} wait in a checkpoint round: every rank must call "
+                                "ctx.checkpoint_due and ctx.checkpoint equally often")
+            if len(self._done) == self.n:
+                return cast("str | None", self._done[0])
+            if len(self._parked) == self.n:
+                raise Park()
+
+    def _on(self, rank: int, msg: tuple[Any, ...]) -> None:
+        kind = msg[0]
+        if kind == "restore":
+            self.pool.send(rank, ("restored", self._restore_choice(rank)))
+        elif kind == "round":
+            self._rounds[rank].append((msg[1], msg[2]))
+            if all(self._rounds.values()):
+                self._round([q.popleft() for _, q in sorted(self._rounds.items())])
+        elif kind == "vote":
+            self._vote(rank, msg[1], msg[2], msg[3], msg[4])
+        elif kind == "progress" and rank == 0:
+            self.ctx.progress(msg[1], msg[2])
+        elif kind == "parked":
+            self._parked.add(rank)
+            self.pool.leaving(rank)  # its exit now is no loss
+        elif kind == "done":
+            self._done[rank] = msg[1]
+            self.pool.leaving(rank)
+
+    # -- restore ----------------------------------------------------------------------
+    def _restore_choice(self, rank: int) -> str | None:
+        if not self._chosen:
+            payload = self.ctx.restore_payload(check=self._check)
+            self._chosen = True
+            if payload is not None:
+                self._shards = [r["path"] for r in payload["state"]["gang"]["ranks"]]
+        return None if self._shards is None else self._shards[rank]
+
+    def _check(self, payload: Any) -> None:
+        """Reject a gang checkpoint whose any rank's shard fails verification."""
+        gang = payload.get("state", {}).get("gang") if isinstance(payload.get("state"), dict) else None
+        n = 1 if gang is None else int(gang["world_size"])
+        if n != self.n:
+            raise GangError(
+                f"step {self.ctx.step!r} has world_size={self.n} but its last checkpoint was written "
+                f"by {n} rank{'s' if n > 1 else ''}, and segue cannot reshard a gang's state; declare "
+                f"world_size={n} again, or start the step over with "
+                f"`segue resume {self.ctx.run_id} --restart-step {self.ctx.step}`")
+        assert gang is not None  # a gang has two ranks or more
+        for r in gang["ranks"]:
+            path = r["path"]
+            try:
+                sha = manifest_sha256(self.storage, path)
+            except FileNotFoundError:
+                raise CheckpointCorruptError(path, f"rank {r['rank']}'s shard is missing") from None
+            if sha != r["manifest_sha256"]:
+                raise CheckpointCorruptError(path, f"rank {r['rank']}'s manifest is not the one it voted")
+            ckpt.verify(self.storage, path)
+
+    # -- the two phases ---------------------------------------------------------------
+    def _round(self, asked: list[tuple[str, int | None]]) -> None:
+        if len(set(asked)) > 1:
+            said = ", ".join(f"rank {r} {k} at step {s}" for r, (k, s) in enumerate(asked))
+            raise GangError(f"the ranks of gang step {self.ctx.step!r} disagree ({said}): every rank "
+                            "must call ctx.checkpoint_due and ctx.checkpoint at the same steps, as "
+                            "with any collective")
+        kind, steps = asked[0]
+        due = kind == "checkpoint" or self.ctx.checkpoint_due(steps)
+        pause = self.ctx.pause_requested
+        seq, path = self.ctx.claim_seq() if due else (0, "")
+        if due:
+            self._voting = _Voting(seq, path, steps, park=pause,
+                                   deadline=time.monotonic() + self.timeout)
+        for r in range(self.n):
+            self.pool.send(r, ("round", due, seq, path, pause))
+
+    def _vote(self, rank: int, seq: int, sha: str, nbytes: int, position: Any) -> None:
+        v = self._voting
+        if v is None or v.seq != seq:
+            raise GangError(f"rank {rank} voted for checkpoint {seq}, which is not being taken")
+        v.votes[rank] = (sha, nbytes, position)
+        if len(v.votes) < self.n:
+            return
+        _faults.fault_point("gang.before_manifest")
+        ranks: list[dict[str, Any]] = [{"rank": r, "path": shard_path(v.path, r), "manifest_sha256": v.votes[r][0],
+                  "nbytes": v.votes[r][1]} for r in range(self.n)]
+        saved = ckpt.save(self.storage, v.path, {"state": {"gang": {"world_size": self.n, "ranks": ranks}},
+                                                 "rng": {}},
+                          meta={"run_id": self.ctx.run_id, "step": self.ctx.step, "seq": v.seq,
+                                "epoch": self.ctx.epoch, "gang": self.n})
+        _faults.fault_point("gang.before_commit")
+        nbytes = saved.nbytes + sum(r["nbytes"] for r in ranks)
+        position = {"ranks": [v.votes[r][2] for r in range(self.n)]}
+        self.ctx.commit(v.seq, v.path, position, nbytes=nbytes, duration_s=time.perf_counter() - v.t0,
+                        progress=self.ctx.reported_progress)
+        self.ctx.saved(v.steps)
+        self._voting = None
+        for r in range(self.n):
+            self.pool.send(r, ("committed", v.seq, v.park))
+
+    def _abort(self) -> None:
+        """Remove the checkpoint being taken: without its store record it never existed."""
+        if self._voting is not None:
+            try:
+                self.storage.remove_tree(self._voting.path)
+            except OSError:
+                pass  # the next attempt's sweep removes it
+            self._voting = None
+
+    def _sweep(self) -> None:
+        """Remove what earlier attempts left uncommitted (a coordinator killed mid-commit)."""
+        base = f"runs/{self.ctx.run_id}/{self.ctx.step}/ckpt"
+        known = {c.path for c in self.store.list_checkpoints(
+            self.ctx.run_id, self.ctx.step, statuses=("committed", "quarantined", "pruned"))}
+        for name in self.storage.listdir(base):
+            path = f"{base}/{name}"
+            epoch = name.rpartition("-e")[2]
+            if path not in known and epoch.isdigit() and int(epoch) < self.ctx.epoch:
+                self.storage.remove_tree(path)
+
+
+def rank_main(conn: Any, parent_pid: int, rank: int, recipe: RankRecipe,
+              devices: tuple[int, ...] | None) -> None:
+    """A rank process's entry point (spawned: imported by name)."""
+    from .gang_rank import main
+
+    main(conn, parent_pid, rank, recipe, devices)
