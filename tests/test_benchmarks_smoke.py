@@ -35,6 +35,8 @@ EXPECTED: dict[str, set[str]] = {
     "cluster": {"failover_s", "failover_to_step_s", "failover_lease_ttl_s", "lost_records", "dup_records",
                 "pg_vs_sqlite_1_writers", "pg_vs_sqlite_16_writers", "fsync_per_s", "s3_vs_local_save",
                 "s3_vs_local_restore", "goals"},
+    "scale": {"gang_ckpt_vs_single", "gang_vs_disk", "vs_dcp", "gang_save_s", "single_save_s",
+              "raw_write_s", "states_equal", "not_measured", "goals"},
     "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",
                "pause_to_paused_cli_s", "pause_tries_per_side", "server_rss_bytes", "load_errors",
                "goals"},

@@ -236,3 +236,22 @@ def test_ddp_training_killed_and_paused_five_times_ends_bit_identical(segue: Seg
     for name, w in ref["weights"].items():
         assert torch.equal(w, got["weights"][name]), name
     assert not torch.equal(ref["weights"]["0.weight"], torch.zeros_like(ref["weights"]["0.weight"]))
+
+
+def test_ranks_that_ask_at_different_steps_fail_the_step_with_the_reason(segue: Segue, tmp_path: Path) -> None:
+    flow = tmp_path / "skew.py"
+    flow.write_text(
+        "from segue import Flow\n"
+        "flow = Flow('skew')\n"
+        "@flow.step(world_size=2, retries=3, checkpoint_every_steps=2)\n"
+        "def train(ctx):\n"
+        "    for i in range(1, 10):\n"
+        "        if ctx.checkpoint_due(i + ctx.rank):\n"  # rank 1 is one step ahead
+        "            ctx.checkpoint({'i': i})\n")
+    proc = segue("run", str(flow), "--run-id", "skew", env=QUICK)
+    assert proc.returncode == 1
+    store, _ = _open(segue, "skew")
+    t = store.get_task("skew", "train")
+    assert t.state.value == "FAILED" and t.attempts == 1, t  # not retried: a retry cannot help
+    assert "rank 0 due at step 1, rank 1 due at step 2" in (t.error or ""), t.error
+    assert not store.list_checkpoints("skew", "train")

@@ -305,18 +305,24 @@ def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[
     from segue.store.hostpool import open_pool
     from segue.store.pool import Allocated
 
+    # The pool is set as its admin sets it (PUT /api/pool), and the host named as the
+    # server names it: the devices below are those the page reads.
+    r = web.put("/api/pool", json={"gpus": 1, "gpu_memory": "96GiB", "cpus": 8},
+                headers={**ORIGIN, "Authorization": f"Bearer {tokens['admin']}"})
+    assert r.status_code == 200, r.text
+    host = r.json()["host"]
     pool = open_pool(_test_pool)
-    host = this_host()  # the pool page's host, as every segue process names it
-    pool.configure_host(host, cpus=8, memory=64 * 2**30, devices=[("virtual-0", 96 * 2**30, True)],
-                        source="configured")
     for i, run in enumerate(("embed-a", "embed-b")):
         a = pool.allocate(str(home.root), run, "embed", host=host, need=Need(gpus=1, gpu_memory=40 * 2**30),
                           priority=0, preemptible=True, ttl_s=600)
-        assert isinstance(a, Allocated) and pool.bind(a.id, i + 1, 600)
+        assert isinstance(a, Allocated) and pool.bind(a.id, i + 1, 600), (a, pool.get_host(host))
     login(web, tokens["viewer"])
     page = web.get("/pool").text
     row = re.search(r'<tr class="held">.*?</tr>', page, re.S)
-    assert row is not None, re.sub(r"\s+", " ", page[page.find("<main"):])[:3000]  # what it showed instead
+    assert row is not None, (  # what it showed instead, and who names the host how
+        f"this_host()={this_host()!r}, the API's host {host!r}, pool file hosts "
+        f"{[(h.host, len(h.devices)) for h in pool.list_hosts()]}, allocations {pool.list_allocations()}: "
+        + re.sub(r"\s+", " ", page[page.find("<main"):])[:2000])
     assert '<a href="/runs/embed-a">embed-a</a> · embed' in row.group(0)
     assert '<a href="/runs/embed-b">embed-b</a> · embed' in row.group(0)
     assert "16.0 GiB free" in row.group(0) or "16 GiB free" in row.group(0), row.group(0)

@@ -84,6 +84,18 @@ def test_configure_and_read_host(hp) -> None:
     assert len(cap.devices) == 2 and cap.cpus == 8.0
 
 
+def test_detection_never_overwrites_a_host_configured_after_its_read(hp) -> None:
+    """ensure_host reads (absent), detects, then writes with only_if_new: a `segue pool
+    set` that landed in between wins, and the detected hardware is not written."""
+    assert hp.get_host("h") is None  # what the detector read
+    configured = configure(hp, gpus=(96,))  # the operator's configuration lands now
+    got = hp.configure_host("h", cpus=2.0, memory=GB, devices=[], source="none", only_if_new=True)
+    assert got == configured == hp.get_host("h")
+    assert [c.actor for c in hp.pool_changes("h")] == []  # neither wrote a change record
+    fresh = hp.configure_host("new", cpus=2.0, memory=GB, devices=[], source="none", only_if_new=True)
+    assert hp.get_host("new") == fresh and fresh.source == "none"  # absent: written
+
+
 def test_the_same_run_id_in_two_homes_is_two_holders(hp) -> None:
     configure(hp, gpus=(80,))
     got = placed(hp, "train", A)

@@ -225,6 +225,10 @@ class Gang:
             raise GangError(f"the ranks of gang step {self.ctx.step!r} disagree ({said}): every rank "
                             "must call ctx.checkpoint_due and ctx.checkpoint at the same steps, as "
                             "with any collective")
+        if self._voting is not None:
+            raise GangError(f"the ranks of gang step {self.ctx.step!r} asked again at step {asked[0][1]} "
+                            f"instead of taking checkpoint {self._voting.seq}: once ctx.checkpoint_due "
+                            "answers True, every rank must call ctx.checkpoint")
         kind, steps = asked[0]
         due = kind == "checkpoint" or self.ctx.checkpoint_due(steps)
         pause = self.ctx.pause_requested

@@ -88,8 +88,10 @@ def ensure_host(store: HostPoolStore, host: str) -> HostPool:
     if hp is not None:
         return hp
     source, devices = detect_gpus()
+    # Only if still absent, in the write's own transaction: a `segue pool set` (or
+    # PUT /api/pool) between the read above and this write must win.
     return store.configure_host(host, cpus=float(os.cpu_count() or 1), memory=host_memory(),
-                                devices=devices, source=source)
+                                devices=devices, source=source, only_if_new=True)
 
 
 def gpu_processes() -> GpuProcesses:

@@ -201,6 +201,7 @@ class SqlHostPool(ElasticPoolMixin, HostPoolStore):
     def configure_host(
         self, host: str, *, cpus: float, memory: int,
         devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
+        only_if_new: bool = False,
     ) -> HostPool:
         if cpus <= 0 or memory < 0:
             raise ValueError("a host needs cpus > 0 and memory >= 0")
@@ -208,6 +209,8 @@ class SqlHostPool(ElasticPoolMixin, HostPoolStore):
         def body(db: Db) -> HostPool:
             t = db.now()
             before = _host(db, host)
+            if only_if_new and before is not None:
+                return before
             db.execute(
                 "INSERT INTO pool_hosts (host, cpus, memory, source, updated_at) VALUES (?, ?, ?, ?, ?)"
                 " ON CONFLICT (host) DO UPDATE SET cpus = excluded.cpus, memory = excluded.memory,"

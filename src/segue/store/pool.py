@@ -171,9 +171,12 @@ class HostPoolStore(ABC):
     def configure_host(
         self, host: str, *, cpus: float, memory: int,
         devices: Sequence[tuple[str, int, bool]], source: str, actor: str | None = None,
+        only_if_new: bool = False,
     ) -> HostPool:
         """Set a host's capacity and devices ((name, memory bytes, virtual) each). With
-        ``actor`` (who asked), record the change in the same transaction (``pool_changes``)."""
+        ``actor`` (who asked), record the change in the same transaction (``pool_changes``).
+        ``only_if_new``: a host already in the pool is returned as it is (detection
+        never overwrites what someone configured meanwhile)."""
 
     @abstractmethod
     def pool_changes(self, host: str | None = None, *, limit: int = 100) -> list[PoolChange]:
