@@ -17,7 +17,7 @@ RANKS = int(os.environ.get("BENCH_RANKS", "2"))
 
 
 def initial(rank: int, n: int) -> np.ndarray:
-    return np.arange(rank * n, (rank + 1) * n, dtype=np.float32)
+    return np.arange(rank * n, (rank + 1) * n, dtype=np.int64).astype(np.float32)
 
 
 @flow.step(world_size=RANKS, checkpoint_every="1h", keep_checkpoints=2)
