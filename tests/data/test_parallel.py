@@ -125,8 +125,9 @@ def _subworkers(pid: int) -> list[int]:
 
 
 def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(segue, tmp_path: Path) -> None:
-    """A sub-worker, the coordinator (the step's worker) and the controller, each SIGKILLed
-    once it made committed progress; every kill is counted only if it landed."""
+    """A sub-worker (once its attempt committed), then the coordinator (the step's worker)
+    and the controller of new attempts, each SIGKILLed; every kill is counted only if it
+    landed."""
     import os
     import signal
 
@@ -146,8 +147,8 @@ def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(seg
     check_exactly_once(clean, n)
 
     hold = tmp_path / "hold"  # the last record waits for it: the run cannot end before the kills
-    # Slower records (8 s a pass): an attempt must not reach the held record, where it can
-    # no longer checkpoint, before this test saw its first commit, however starved it is.
+    # Slower records (8 s a pass): the first attempt must commit before it reaches the held
+    # record, where it can no longer checkpoint, however starved this test is.
     segue.env.update({"MAPPARALLEL_HOLD": str(hold), "MAPPARALLEL_HOLD_K": str(n - 1),
                       "MAPPARALLEL_WORK_S": "0.004"})
     out = tmp_path / "out"
@@ -172,16 +173,21 @@ def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(seg
     subs = wait_for(lambda: _subworkers(t.pid), 60, "the sub-workers")
     if land(subs[0]):
         landed.append(("sub-worker", t.epoch))
+    def running_in_new_attempt(prev: int):  # restored, its sub-workers at work
+        t = store.get_tasks("faulty")[0]
+        ok = t.state.value == "RUNNING" and t.epoch > prev and pid_alive(t.pid) and _subworkers(t.pid)
+        return t if ok else None
+
     for target in ("coordinator", "controller"):
+        # Not "once it committed": a new attempt may be handed the held record's shard
+        # first, and then cannot reach a barrier until the hold opens.
         prev = t.epoch
-        t = wait_for(lambda: (x := committed_in_current_attempt()) and x.epoch > prev and x, 120,
-                     f"a checkpoint of a new attempt before killing the {target}")
+        t = wait_for(lambda: running_in_new_attempt(prev), 120, f"a new attempt before killing the {target}")
         pid = t.pid if target == "coordinator" else store.get_run("faulty").controller_pid
         if land(pid):
             landed.append((target, t.epoch))
     assert [w for w, _ in landed] == ["sub-worker", "coordinator", "controller"], landed
     assert segue("resume", "faulty", "--detach").returncode == 0  # the controller died: take over
-    wait_for(committed_in_current_attempt, 120, "the resumed attempt to commit")
     hold.write_text("go")
     segue.wait_state("faulty", {"SUCCEEDED"}, 300)
     check_exactly_once(read_output("jsonl", out), n, clean)
