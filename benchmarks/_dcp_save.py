@@ -20,6 +20,7 @@ def rank_main(rank: int, world: int, port: int, mb: int, k: int, out: str) -> No
     times = []
     for i in range(k):
         t += 1.0
+        os.sync()  # every side starts each timed save on a settled disk
         dist.barrier()
         t0 = time.perf_counter()
         dcp.save({f"rank{rank}": t}, storage_writer=dcp.FileSystemWriter(f"{out}/save-{i}", thread_count=2))

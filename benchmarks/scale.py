@@ -10,8 +10,8 @@ Every side saves the same bytes K times, through its real engine. The sides:
 - `torch.distributed.checkpoint.save`: two gloo ranks, each saving its own tensor, fsynced.
 - The disk floor: the same bytes written to one file and fsynced.
 
-A save is timed from its call until it is committed. Each side gets the same number of
-saves. The final states of every side are read back and checked equal before a ratio is
+A save is timed from its call until it is committed, after an ``os.sync()`` on every
+side. Each side gets the same number of saves. The final states of every side are read back and checked equal before a ratio is
 printed. Issue 12 also asks for figures of Ray workers, Ray Data and node loss
 (`efficiency_2_workers`, `vs_ray_data`, `node_loss_recovery_s`). segue has no Ray
 executor yet, so they are reported as null with the reason. The last line is one JSON

@@ -40,7 +40,7 @@ def check_whole(segue: Segue, run: str) -> list[dict[str, Any]]:
     """Every committed checkpoint is whole: its gang manifest names both ranks' shards,
     each verifies, matches the hash its rank voted, and both stopped at the same step.
     Returns the newest one's rank states."""
-    from segue.run.gang import manifest_sha256
+    from segue.run.gang import manifest_digest
 
     store, storage = _open(segue, run)
     committed = store.list_checkpoints(run, "train")
@@ -52,7 +52,7 @@ def check_whole(segue: Segue, run: str) -> list[dict[str, Any]]:
         states = []
         for r in gang["ranks"]:
             assert r["path"] == f"{c.path}/rank-{r['rank']}"
-            assert manifest_sha256(storage, r["path"]) == r["manifest_sha256"]
+            assert manifest_digest(storage, r["path"])[0] == r["manifest_sha256"]
             states.append(ckpt.load(storage, r["path"]).state["state"])
         assert states[0]["i"] == states[1]["i"] == c.position["ranks"][0]["i"], (c.seq, states)
         newest = newest or states

@@ -102,8 +102,10 @@ def shard_path(path: str, rank: int) -> str:
     return f"{path}/rank-{rank}"
 
 
-def manifest_sha256(storage: ckpt.CheckpointStorage, path: str) -> str:
-    return hashlib.sha256(storage.read_bytes(f"{path}/{MANIFEST_NAME}")).hexdigest()
+def manifest_digest(storage: ckpt.CheckpointStorage, path: str) -> tuple[str, int]:
+    """The SHA-256 and size of a checkpoint's manifest, read once."""
+    raw = storage.read_bytes(f"{path}/{MANIFEST_NAME}")
+    return hashlib.sha256(raw).hexdigest(), len(raw)
 
 
 def _free_port() -> int:
@@ -136,10 +138,10 @@ class Gang:
         recipe = RankRecipe(home=self.home, run_id=self.ctx.run_id, step=self.ctx.step,
                             epoch=self.ctx.epoch, world_size=self.n, master_port=_free_port(),
                             distributed=self.ctx.spec.distributed)
-        per = self.ctx.spec.resources.gpus
+        per = len(self.devices) // self.n  # the allocation's devices, split evenly
         try:
             for r in range(self.n):
-                mine = tuple(self.devices[r * per:(r + 1) * per]) if per and self.devices else None
+                mine = tuple(self.devices[r * per:(r + 1) * per]) or None
                 self.pool.add(r, recipe, mine)
             return self._serve()
         except BaseException:
@@ -199,7 +201,8 @@ class Gang:
 
     def _check(self, payload: Any) -> None:
         """Reject a gang checkpoint whose any rank's shard fails verification."""
-        gang = payload.get("state", {}).get("gang") if isinstance(payload.get("state"), dict) else None
+        state = payload["state"]
+        gang = state.get("gang") if isinstance(state, dict) else None  # None: a one-process step's
         n = 1 if gang is None else int(gang["world_size"])
         if n != self.n:
             raise GangError(
@@ -211,7 +214,7 @@ class Gang:
         for r in gang["ranks"]:
             path = r["path"]
             try:
-                sha = manifest_sha256(self.storage, path)
+                sha, _ = manifest_digest(self.storage, path)
             except FileNotFoundError:
                 raise CheckpointCorruptError(path, f"rank {r['rank']}'s shard is missing") from None
             if sha != r["manifest_sha256"]:

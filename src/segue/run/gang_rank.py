@@ -26,9 +26,9 @@ from ..flow import load_flow
 from ..home import Home
 from . import rng
 from .context import Flags, StepContext
-from .gang import GangAborted, RankRecipe, manifest_sha256, shard_path
+from .gang import GangAborted, RankRecipe, manifest_digest, shard_path
 from .park import Park
-from .worker import save_output
+from .worker import input_loader, save_output
 
 PROGRESS_EVERY_S = 0.25  # rank 0's progress reaches the coordinator at most this often
 
@@ -51,7 +51,9 @@ class RankContext(StepContext):
         shard = self._answer("restored")[1]
         if shard is None:
             return None
-        loaded = ckpt.load(self._storage, shard, allow_pickle=self.spec.allow_pickle)
+        # The coordinator has just hashed every file of every shard against the manifest
+        # its rank voted: hashing them again here would read the checkpoint twice.
+        loaded = ckpt.load(self._storage, shard, allow_pickle=self.spec.allow_pickle, verify=False)
         rng.restore(loaded.state.get("rng", {}))
         return loaded.state["state"]
 
@@ -72,13 +74,14 @@ class RankContext(StepContext):
         (seq, path), self._assigned = self._assigned, None
         shard = shard_path(path, self.rank)
         pos = position if position is not None else {"seq": seq, "steps": self._cur_steps}
-        saved = ckpt.save(self._storage, shard, {"state": state, "rng": rng.capture()},
-                          meta={"run_id": self.run_id, "step": self.step, "seq": seq, "epoch": self.epoch,
-                                "rank": self.rank, "position": pos, "code_fingerprint": self._fingerprint},
-                          allow_pickle=self.spec.allow_pickle)
-        sha = manifest_sha256(self._storage, shard)
+        # The step's own pipelined writer, waited on: a vote comes only after durability.
+        saved = self._writer.save_async(
+            shard, {"state": state, "rng": rng.capture()},
+            meta={"run_id": self.run_id, "step": self.step, "seq": seq, "epoch": self.epoch,
+                  "rank": self.rank, "position": pos, "code_fingerprint": self._fingerprint}).result()
+        sha, size = manifest_digest(self._storage, shard)
         _faults.fault_point("gang.before_vote")
-        self._conn.send(("vote", seq, sha, saved.nbytes + self._manifest_size(shard), pos))
+        self._conn.send(("vote", seq, sha, saved.nbytes + size, pos))
         _faults.fault_point("gang.after_vote")
         _, _, park = self._answer("committed")
         self.checkpoints_written += 1
@@ -91,7 +94,7 @@ class RankContext(StepContext):
             self._send_progress()
 
     def close(self) -> None:
-        self._writer.close()  # never used: the shards are written in the step's thread
+        self._writer.close()
         self._send_progress()
 
     def _send_progress(self) -> None:
@@ -147,16 +150,11 @@ def main(conn: Connection, parent_pid: int, rank: int, recipe: RankRecipe,
         loaded = load_flow(run.flow_path)
         spec = loaded.flow.steps[recipe.step]
 
-        def load_input(name: str) -> Any:
-            ref = store.get_task(recipe.run_id, name).output_ref
-            if ref is None:
-                return None
-            return ckpt.load(storage, ref, allow_pickle=spec.allow_pickle).state["value"]
-
         task = store.get_task(recipe.run_id, recipe.step)
         ctx = RankContext(conn, rank, recipe.world_size, run_id=recipe.run_id, spec=spec, params=run.params,
                           epoch=recipe.epoch, attempt=task.attempts, store=store, storage=storage,
-                          flags=Flags(), load_input=load_input, code_fingerprint=digest(loaded.fingerprint),
+                          flags=Flags(), load_input=input_loader(store, storage, recipe.run_id, spec.allow_pickle),
+                          code_fingerprint=digest(loaded.fingerprint),
                           previous_progress=(task.progress_done, task.progress_total), home=home,
                           options=run.options)
         if recipe.distributed:

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,19 @@ def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None
             tmp.unlink()
 
 
+def input_loader(store: Store, storage: ckpt.CheckpointStorage, run_id: str,
+                 allow_pickle: bool) -> Callable[[str], Any]:
+    """``load(step)``: an upstream step's output, loaded and verified (None if it returned None)."""
+
+    def load(name: str) -> Any:
+        ref = store.get_task(run_id, name).output_ref
+        if ref is None:
+            return None
+        return ckpt.load(storage, ref, allow_pickle=allow_pickle).state["value"]
+
+    return load
+
+
 def save_output(storage: ckpt.CheckpointStorage, run_id: str, step: str, epoch: int, value: Any, *,
                 allow_pickle: bool) -> str:
     """Save a step's return value as its output checkpoint; returns the reference."""
@@ -158,15 +172,10 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         loaded = load_flow(run.flow_path)
         spec = loaded.flow.steps[step]
 
-        def load_input(name: str) -> Any:
-            ref = store.get_task(run_id, name).output_ref
-            if ref is None:
-                return None
-            return ckpt.load(storage, ref, allow_pickle=spec.allow_pickle).state["value"]
-
         ctx = StepContext(
             run_id=run_id, spec=spec, params=run.params, epoch=epoch, attempt=task.attempts,
-            store=store, storage=storage, flags=flags, load_input=load_input,
+            store=store, storage=storage, flags=flags,
+            load_input=input_loader(store, storage, run_id, spec.allow_pickle),
             code_fingerprint=digest(loaded.fingerprint),
             previous_progress=(task.progress_done, task.progress_total),
             home=home, options=run.options,
