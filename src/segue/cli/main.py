@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the run keeps checkpoints and step outputs: an absolute path or "
                         "any fsspec URL such as s3://bucket/prefix (default $SEGUE_CHECKPOINTS, "
                         "else HOME/data)")
+    r.add_argument("--executor", choices=("local", "ray"), default=None,
+                   help="where attempts run: local processes (default $SEGUE_EXECUTOR, else local) "
+                        "or actors on a Ray cluster (pip install 'segue[ray]')")
+    r.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="the Ray cluster for --executor ray, e.g. 10.0.0.1:6379 "
+                        "(default $SEGUE_RAY_ADDRESS, else $RAY_ADDRESS, else a local Ray)")
     r.add_argument("--priority", default=None,
                    help="urgent, high, normal (default) or batch, or an integer")
     r.add_argument("--gpus", type=int, default=None, metavar="N",
@@ -177,7 +183,7 @@ def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
         gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
         preemptible=a.preemptible,
         max_pause=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
-        checkpoints=a.checkpoints,
+        checkpoints=a.checkpoints, executor=a.executor, ray_address=a.ray_address,
     )
     if a.detach:
         return _detached(client, run.run_id)

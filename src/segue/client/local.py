@@ -123,14 +123,15 @@ class LocalClient(BaseClient):
         preemptible: bool | None = None, max_pause: str | float | None = None,
         pause_deadline_s: float | None = None, pause_on_failure: bool | None = None,
         on_input_change: str | None = None, options: Mapping[str, Any] | None = None,
-        checkpoints: str | None = None,
+        checkpoints: str | None = None, executor: str | None = None, ray_address: str | None = None,
     ) -> RunSummary:
         """Validate and create the run (PENDING) without starting a controller;
         :meth:`drive` runs it in this process (the CLI's foreground `segue run`).
 
         ``checkpoints``: where the run keeps its checkpoints and step outputs (an
         absolute path or an fsspec URL such as s3://bucket/prefix; default the home's
-        data directory); refused now if it cannot be written."""
+        data directory); refused now if it cannot be written. ``executor``: "local"
+        (default) or "ray", with ``ray_address`` the cluster (segue.executor.ray)."""
         if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 0):
             raise UsageError(f"gpus must be an integer >= 0, not {gpus!r}")
         opts = RunOptions.from_json(dict(options or {})).with_changes(  # None: keep what is there
@@ -139,7 +140,7 @@ class LocalClient(BaseClient):
             priority=None if priority is None else parse_priority(priority),
             gpu_memory=parse_memory(gpu_memory, "gpu_memory"),
             max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
-            checkpoints=checkpoints,
+            checkpoints=checkpoints, executor=executor, ray_address=ray_address,
         )
         # Strings are converted by the flow's declared types (as on the command line),
         # typed values are checked against them: flow.params.resolve does both.

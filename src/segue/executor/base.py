@@ -1,15 +1,18 @@
 """The executor seam: how a controller starts and stops worker attempts.
 
-The local executor runs each attempt as a child process; a Ray executor will
-run it as a Ray task. Controllers only use this interface.
+The local executor runs each attempt as a child process; the Ray executor
+runs it as a Ray actor on any node of a cluster (executor/ray.py). Controllers
+only use this interface.
 """
 
 from __future__ import annotations
 
 import signal
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from ..flow.model import Resources
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,11 @@ class Launch:
     epoch: int
     log_path: Path
     env: dict[str, str]
+    # For executors that place attempts themselves (Ray): the flow's file (its
+    # source travels by content), the step's resources and its gang's size.
+    flow_path: str = ""
+    resources: Resources = field(default_factory=Resources)
+    world_size: int = 1
 
 
 class WorkerHandle(ABC):
@@ -36,6 +44,11 @@ class WorkerHandle(ABC):
     @abstractmethod
     def signal(self, sig: signal.Signals) -> None:
         """Deliver a signal; a no-op once the attempt ended."""
+
+    def waiting(self) -> bool:
+        """True while the executor has not started the attempt yet (a cluster
+        queue): its worker cannot renew its lease before it runs."""
+        return False
 
     def request_pause(self) -> None:
         self.signal(signal.SIGUSR1)

@@ -122,6 +122,8 @@ class Controller:
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
             gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
             spawn=self._spawn_controller,
+            # Ray places attempts on its own nodes' resources: the host pool is not asked.
+            external=self.options.executor != "local",
         )
 
     def _spawn_controller(self, home: str, run_id: str) -> None:
@@ -532,6 +534,8 @@ class Controller:
             env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices,
                  "SEGUE_POOL": str(self.sched.pool.path), "SEGUE_POOL_HOME": self.sched.home,
                  "SEGUE_HOST": self.sched.host},
+            flow_path=self.store.get_run(self.run_id).flow_path,
+            resources=self.steps[step].resources, world_size=self.steps[step].world_size,
         ))
         self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())
         if handle.pid is not None:
@@ -556,7 +560,8 @@ class Controller:
             if code is None:
                 # Hung attempt: alive but its heartbeat stopped renewing the lease.
                 if (t.state == TaskState.RUNNING and t.epoch == a.epoch and t.lease_until
-                        and t.lease_until < now and a.killed_for is None):
+                        and t.lease_until < now and a.killed_for is None
+                        and not a.handle.waiting()):  # queued by Ray: it never ran to renew
                     a.killed_for = "lease"
                     a.handle.kill()
                 continue

@@ -28,7 +28,7 @@ from . import rng
 from .context import Flags, StepContext
 from .gang import GangAborted, RankRecipe, manifest_digest, shard_path
 from .park import Park
-from .worker import input_loader, save_output
+from .worker import flow_file, input_loader, save_output
 
 PROGRESS_EVERY_S = 0.25  # rank 0's progress reaches the coordinator at most this often
 
@@ -147,7 +147,7 @@ def main(conn: Connection, parent_pid: int, rank: int, recipe: RankRecipe,
         store = home.open_store()
         run = store.get_run(recipe.run_id)
         storage = home.run_storage(run)
-        loaded = load_flow(run.flow_path)
+        loaded = load_flow(flow_file(run))
         spec = loaded.flow.steps[recipe.step]
 
         task = store.get_task(recipe.run_id, recipe.step)

@@ -24,7 +24,9 @@ from ..errors import (
     RunStateError,
     UsageError,
 )
+from ..executor import executor_for
 from ..flow import LoadedFlow, changed_steps, load_flow, resolve
+from ..flow.model import StepSpec
 from ..home import Home, check_run_id
 from ..hostname import this_host
 from ..scheduler.admission import check_satisfiable
@@ -64,9 +66,11 @@ def prepare_run(
     opts = options or RunOptions()
     if loaded.flow.pause_on_failure and not opts.pause_on_failure:
         opts = RunOptions.from_json({**opts.to_json(), "pause_on_failure": True})
-    # A run that can never be placed on this host is refused now, not left waiting.
-    check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory,
-                      pool=pool or open_pool)
+    if opts.executor == "ray":  # Ray places the attempts: its cluster must be able to
+        check_ray(loaded.flow.steps, opts.ray_address)
+    else:  # a run that can never be placed on this host is refused now, not left waiting
+        check_satisfiable(loaded.flow.steps, loaded.order, gpus=opts.gpus, gpu_memory=opts.gpu_memory,
+                          pool=pool or open_pool)
     # A declared sink whose output belongs to another run is refused now (exit 2).
     from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
 
@@ -76,6 +80,20 @@ def prepare_run(
 
         opts = opts.with_changes(checkpoints=check_checkpoints(opts.checkpoints))
     return Prepared(loaded, run_id, values, opts)
+
+
+def check_ray(steps: Mapping[str, StepSpec], address: str) -> None:
+    """Refuse now what the Ray executor cannot run (one line each)."""
+    from ..executor.ray import check_fits, connect, import_ray
+
+    import_ray()
+    for s in steps.values():
+        low, high = s.resources.workers
+        if low != high:
+            raise UsageError(f"step {s.name!r} is elastic (workers=({low}, {high})), which the Ray "
+                             f"executor does not run yet; declare workers={high} or use --executor local")
+    if address:  # a cluster to ask; without one, the controller starts a local Ray
+        check_fits(connect(address), {s.name: (s.resources, s.world_size) for s in steps.values()})
 
 
 def create_run(store: Store, p: Prepared, *, actor: str = Actor.CLI) -> RunRecord:
@@ -110,8 +128,10 @@ def make_controller(
     interrupts: Interrupts | None = None, pool: str | os.PathLike[str] | None = None,
     claim: tuple[int, str | None] | None = None,
 ) -> Controller:
+    opts = RunOptions.from_json(run.options)
     return Controller(
         home=home, store=store, run_id=run.run_id, steps=loaded.flow.steps, order=loaded.order,
+        executor=executor_for(opts.executor, opts.ray_address),
         actor=actor, on_tick=on_tick, interrupts=interrupts or Interrupts(),
         pool_path=None if pool is None else str(pool), claim=claim,
     )

@@ -11,7 +11,10 @@ from ..errors import UsageError
 from ..scheduler.policy import MAX_PRIORITY
 
 # Options whose value is one of a few words (the others are numbers or booleans).
-_CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new")}
+_CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new"),
+                                        "executor": ("local", "ray")}
+# Options whose value is free text (a path, a URL, an address).
+_TEXT = ("checkpoints", "ray_address")
 # Bounds that keep a value storable (64-bit columns) and meaningful.
 _LIMITS: dict[str, int] = {"priority": MAX_PRIORITY, "gpus": 1024}
 
@@ -40,13 +43,17 @@ class RunOptions:
     # directory, an absolute path, or any fsspec URL (s3://bucket/prefix, gs://...),
     # so that every host of a cluster reads the same ones (segue.home.storage_at).
     checkpoints: str = ""
+    # How attempts run: "local" child processes, or actors on a Ray cluster
+    # (segue.executor.ray) at ray_address ("": $RAY_ADDRESS, else a local Ray).
+    executor: str = "local"
+    ray_address: str = ""
 
     def __post_init__(self) -> None:
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "checkpoints":
+            if f.name in _TEXT:
                 if not isinstance(v, str) or len(v) > 4096:
-                    raise UsageError(f"run option checkpoints must be a path or URL, not {v!r}")
+                    raise UsageError(f"run option {f.name} must be a path or URL, not {v!r}")
                 continue
             if f.name in _CHOICES:
                 if v not in _CHOICES[f.name]:
@@ -94,7 +101,7 @@ class RunOptions:
             if f.name in ("pause_on_failure", "preemptible"):
                 base[f.name] = raw.strip().lower() in ("1", "true", "yes", "on")
                 continue
-            if f.name in _CHOICES or f.name == "checkpoints":
+            if f.name in _CHOICES or f.name in _TEXT:
                 base[f.name] = raw.strip()
                 continue
             try:

@@ -104,6 +104,12 @@ def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None
             tmp.unlink()
 
 
+def flow_file(run: Any) -> str:
+    """The flow file this worker loads: the run's, or the copy of its source that
+    an executor placed on this node ($SEGUE_FLOW_FILE, see executor.ray_node)."""
+    return os.environ.get("SEGUE_FLOW_FILE") or run.flow_path
+
+
 def input_loader(store: Store, storage: ckpt.CheckpointStorage, run_id: str,
                  allow_pickle: bool) -> Callable[[str], Any]:
     """``load(step)``: an upstream step's output, loaded and verified (None if it returned None)."""
@@ -169,7 +175,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     hb.start()
     _faults.fault_point("worker.started")
     try:
-        loaded = load_flow(run.flow_path)
+        loaded = load_flow(flow_file(run))
         spec = loaded.flow.steps[step]
 
         ctx = StepContext(

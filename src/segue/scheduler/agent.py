@@ -66,6 +66,9 @@ class RunScheduler:
     gpus_override: int = -1
     gpu_memory_override: int = 0
     spawn: Callable[[str, str], object] | None = None  # starts a detached controller (home, run)
+    # The executor places attempts on resources of its own (Ray): each attempt still
+    # holds an allocation in the pool (its lease, accounting), but of nothing.
+    external: bool = False
     # (home, run) -> the preemption request posted to it
     victims: dict[tuple[str, str], int] = field(default_factory=dict)
     # (home, run) -> (devices promised by a partial preemption, when asked)
@@ -91,6 +94,8 @@ class RunScheduler:
 
     # -- needs -----------------------------------------------------------------
     def need(self, step: str) -> Need:
+        if self.external:
+            return Need()
         return step_need(self.steps, step, self.gpus_override, self.gpu_memory_override)
 
     def effective_priority(self) -> int:

@@ -1,0 +1,282 @@
+"""Run each attempt on a Ray cluster (``segue run --executor ray [--ray-address ADDR]``).
+
+An attempt is one Ray actor (:class:`~segue.executor.ray_node.AttemptActor`)
+placed by Ray on any node with the step's resources; the actor runs the
+ordinary worker as its child. Ray's own retries are off (``max_restarts=0``,
+``max_task_retries=0``): segue's leases and epochs decide what an attempt's
+end means. An actor that dies (its node lost, ``ray.kill``) is an attempt
+whose outcome is unknown: the controller records it as killed, and the epoch
+settles whatever it may still have committed. Actors are owned by the
+controller's Ray driver, so they die with the controller, as local workers do.
+
+Signals become actor calls: pause (SIGUSR1/SIGTERM) and ``ckpt now``
+(SIGUSR2) reach the worker through its actor; SIGKILL is ``ray.kill``. The
+worker also learns of a pause from its heartbeat, through the store.
+The attempt's output streams back into ``HOME/logs`` (``segue logs``) while it
+runs; its exit report comes back with its exit code.
+
+Not yet here (see docs/ray.md): a gang's ranks on several nodes (a gang runs
+on one node, its actor holding all its ranks' resources), a data step's
+sub-workers as actors of their own (they run beside the worker), elastic
+steps, and preemption between Ray runs by segue's pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..flow.model import Resources
+from .base import Executor, Launch, WorkerHandle
+
+log = logging.getLogger("segue.executor.ray")
+
+LOG_EVERY_S = 0.5  # how often a running attempt's output is fetched
+DRAIN_TIMEOUT_S = 30.0
+PROBE_TIMEOUT_S = 5.0
+RAY_ENV = "SEGUE_RAY_ENV"  # the names of more variables a worker on Ray gets
+# Settings of this host that mean nothing on another node.
+_LOCAL = frozenset({"SEGUE_HOME"})
+
+# Python's name for "killed by SIGKILL": how a lost actor's attempt is reported.
+ACTOR_LOST = -int(signal.SIGKILL)
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("the Ray executor needs Ray; install it with pip install 'segue[ray]'") from None
+    return ray
+
+
+def _probe(address: str) -> None:
+    """Fail fast on a HOST:PORT nothing listens on (ray.init would retry for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if "://" in address or not sep or not port.isdigit():
+        return  # "auto", a ray:// client address: Ray's own checks apply
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        raise UsageError(f"cannot reach the Ray cluster at {address} ({exc.strerror or exc}); "
+                         "start it with `ray start --head` or pass --ray-address HOST:PORT") from None
+
+
+def connect(address: str) -> Any:
+    """Join the Ray cluster at ``address`` ("": $RAY_ADDRESS, else a new local one) once."""
+    ray = import_ray()
+    if not ray.is_initialized():
+        _probe(address)
+        # ray.init may install its own SIGINT/SIGTERM handlers: the controller's stay.
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            ray.init(address=address or None, namespace="segue", log_to_driver=False,
+                     include_dashboard=False, configure_logging=False)
+        except ConnectionError as exc:
+            raise UsageError(f"cannot reach the Ray cluster at {address or '$RAY_ADDRESS'} ({exc}); "
+                             "start it with `ray start --head` or pass --ray-address HOST:PORT") from None
+        finally:
+            for s, h in saved.items():
+                if h is not None:
+                    signal.signal(s, h)
+    return ray
+
+
+def actor_options(r: Resources, world_size: int = 1) -> dict[str, Any]:
+    """What the attempt's actor asks Ray for: the step's resources, for all its
+    processes (a gang's ranks, a data step's sub-workers run beside the worker)."""
+    procs = max(world_size, r.workers[1])
+    opts: dict[str, Any] = {
+        "num_cpus": r.cpus * max(1, world_size),
+        "num_gpus": r.gpus * procs,
+        "max_restarts": 0, "max_task_retries": 0,
+        # run() blocks; signal() and read_log() must still be answered meanwhile.
+        "max_concurrency": 4,
+    }
+    if r.memory:
+        opts["memory"] = r.memory
+    if r.accelerator and r.gpus:
+        opts["accelerator_type"] = r.accelerator.upper()
+    return opts
+
+
+def check_fits(ray: Any, steps: dict[str, tuple[Resources, int]]) -> None:
+    """Refuse now a step that no node of the cluster can ever hold (one line)."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    for name, (r, world) in steps.items():
+        opts = actor_options(r, world)
+        want = {"CPU": opts["num_cpus"], "GPU": opts["num_gpus"]}
+        if any(all(n["Resources"].get(k, 0) >= v for k, v in want.items() if v) for n in nodes):
+            continue
+        most = max((n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes) \
+            if nodes else (0, 0)
+        raise UsageError(
+            f"step {name!r} needs {want['CPU']:g} CPUs and {want['GPU']:g} GPUs on one Ray node, "
+            f"but the largest node of the cluster has {most[0]:g} CPUs and {most[1]:g} GPUs; "
+            "add a node that large or declare less")
+
+
+def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """What of the controller's environment a worker on a Ray node gets.
+
+    Not all of it (PATH, HOME and the like are the node's own, and secrets
+    should not spread to every node unasked): segue's own ``SEGUE_*``
+    settings, and the variables ``$SEGUE_RAY_ENV`` names (comma-separated).
+    """
+    env = os.environ if environ is None else environ
+    names = {n.strip() for n in env.get(RAY_ENV, "").split(",") if n.strip()}
+    return {k: v for k, v in env.items() if k in names or (k.startswith("SEGUE_") and k not in _LOCAL)}
+
+
+class RayHandle(WorkerHandle):
+    """A started attempt on Ray: polls the actor's ``run`` and streams its output home."""
+
+    def __init__(self, ray: Any, actor: Any, ref: Any, spec: Launch) -> None:
+        self.pid = None  # the worker records its own pid and host in the store
+        self._ray, self._actor, self._ref, self._spec = ray, actor, ref, spec
+        self._offset = 0
+        self._pending: Any = None  # an outstanding read_log call
+        self._next_read = 0.0
+        self._code: int | None = None
+        self._killed = False
+        self._placed = actor.node.remote()  # answers once Ray placed the actor on a node
+        self.node: dict[str, Any] | None = None
+
+    def waiting(self) -> bool:
+        """True while Ray has not placed the actor yet (the cluster is busy)."""
+        if self.node is None and self._code is None:
+            ready, _ = self._ray.wait([self._placed], timeout=0)
+            if not ready:
+                return True
+            with contextlib.suppress(Exception):
+                self.node = self._ray.get(self._placed)
+            self.node = self.node or {}
+        return False
+
+    # -- output ------------------------------------------------------------------
+    def _append(self, chunk: bytes) -> None:
+        if chunk:
+            with open(self._spec.log_path, "ab") as f:
+                f.write(chunk)
+            self._offset += len(chunk)
+
+    def _stream(self) -> None:
+        if self._pending is not None:
+            ready, _ = self._ray.wait([self._pending], timeout=0)
+            if not ready:
+                return
+            try:
+                self._append(self._ray.get(self._pending))
+            except Exception:  # the actor is gone: poll() reports that
+                pass
+            self._pending = None
+        now = time.monotonic()
+        if now >= self._next_read:
+            self._next_read = now + LOG_EVERY_S
+            self._pending = self._actor.read_log.remote(self._offset)
+
+    def _drain(self) -> None:
+        """Fetch what is left of the output, once the worker ended."""
+        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+        with contextlib.suppress(Exception):
+            if self._pending is not None:
+                self._append(self._ray.get(self._pending, timeout=DRAIN_TIMEOUT_S))
+                self._pending = None
+            while time.monotonic() < deadline:
+                chunk = self._ray.get(self._actor.read_log.remote(self._offset), timeout=DRAIN_TIMEOUT_S)
+                if not chunk:
+                    self._ray.get(self._actor.discard_log.remote(), timeout=DRAIN_TIMEOUT_S)
+                    break
+                self._append(chunk)
+
+    # -- WorkerHandle -----------------------------------------------------------------
+    def poll(self) -> int | None:
+        if self._code is not None:
+            return self._code
+        ready, _ = self._ray.wait([self._ref], timeout=0)
+        if not ready:
+            self._stream()
+            return None
+        try:
+            outcome = self._ray.get(self._ref)
+        except Exception as exc:  # RayActorError and kin: the outcome is unknown
+            self._code = ACTOR_LOST
+            if not self._killed:
+                why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self._report({"error": f"the Ray actor of this attempt died ({type(exc).__name__}: "
+                                       f"{why[:300]}); its node may be lost", "retryable": True})
+                self._append(f"segue: the Ray actor of this attempt died: {type(exc).__name__}\n".encode())
+            return self._code
+        self._drain()
+        if outcome.get("report"):
+            self._report(outcome["report"])
+        self._code = int(outcome["code"])
+        self._ray.kill(self._actor)  # its resources go back to the cluster now
+        return self._code
+
+    def _report(self, doc: dict[str, Any]) -> None:
+        """Hand the exit report to the controller where a local worker leaves it."""
+        from ..home import Home
+        from ..run.exits import exit_report_path
+
+        path = exit_report_path(Home(Path(self._spec.home)), self._spec.run_id, self._spec.step,
+                                self._spec.epoch)
+        with contextlib.suppress(OSError):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(doc))
+            tmp.replace(path)
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self._code is not None:
+            return
+        if sig == signal.SIGKILL:
+            self._killed = True
+            with contextlib.suppress(Exception):
+                self._ray.kill(self._actor, no_restart=True)
+            return
+        self._actor.signal.remote(int(sig))  # fire and forget, as os.kill is
+
+
+class RayExecutor(Executor):
+    """Attempts as Ray actors on the cluster at ``address`` ("": $RAY_ADDRESS or a local one)."""
+
+    def __init__(self, address: str = "") -> None:
+        self.address = address
+        self._actor_cls: Any = None
+
+    def _remote(self) -> Any:
+        if self._actor_cls is None:
+            ray = connect(self.address)
+            from .ray_node import AttemptActor
+
+            self._actor_cls = ray.remote(AttemptActor)
+        return self._actor_cls
+
+    def launch(self, spec: Launch) -> RayHandle:
+        cls = self._remote()
+        ray = import_ray()
+        env = {**forwarded_env(), **{k: v for k, v in spec.env.items()
+                                     if k not in ("CUDA_VISIBLE_DEVICES", "SEGUE_DEVICES")}}
+        from ..store import store_url
+
+        url = store_url(Path(spec.home))
+        if url:  # a node that does not see the home still reaches the store
+            env["SEGUE_STORE"] = url
+        source = Path(spec.flow_path).read_bytes()
+        opts = actor_options(spec.resources, spec.world_size)
+        actor = cls.options(**opts).remote()
+        ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
+                               epoch=spec.epoch, env=env, flow_source=source,
+                               flow_name=Path(spec.flow_path).name)
+        log.info("attempt %s epoch %d submitted to Ray (%s)", spec.step, spec.epoch,
+                 {k: v for k, v in opts.items() if k.startswith("num_")})
+        return RayHandle(ray, actor, ref, spec)

@@ -1,0 +1,168 @@
+"""The node side of the Ray executor: one actor per attempt supervises its worker.
+
+The actor is a thin supervisor on whichever Ray node holds the step's
+resources. It runs the ordinary worker (``python -m segue._worker_main``) as
+its own child, so everything a worker does locally still holds there: Unix
+signals for pause and ``ckpt now``, ``PR_SET_PDEATHSIG`` (the worker dies with
+the actor, which Ray kills with its owner, the controller), the exit codes.
+What a local executor gets through the filesystem comes back through actor
+calls instead: the flow's source arrives by content, the attempt's output is
+read back in chunks (``read_log``), and the exit report is returned with the
+exit code. Nothing here assumes the controller's disk.
+
+Kept apart from :mod:`segue.executor.ray` so a Ray worker process imports
+only what it needs (no controller, no store).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+# What an attempt returns: its exit code and, when it wrote one, its exit report.
+Outcome = dict[str, Any]
+
+LOG_CHUNK = 1 << 20  # bytes per read_log call
+
+
+def _scratch() -> Path:
+    """A directory of this node for the flows and logs of attempts (not the controller's)."""
+    root = Path(tempfile.gettempdir()) / f"segue-ray-{os.getuid()}"
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return root
+
+
+def place_flow(source: bytes, name: str) -> Path:
+    """Write the flow's source under its content hash (atomically) and return the path.
+
+    The file keeps its original name: the flow's module name and its
+    sub-workers' recipes derive from the path, which is the same for the same
+    content on every node.
+    """
+    digest = hashlib.sha256(source).hexdigest()[:24]
+    d = _scratch() / "flows" / digest
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / (Path(name).name or "flow.py")
+    if not path.exists() or path.read_bytes() != source:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(source)
+        os.replace(tmp, path)
+    return path
+
+
+def node_home(home: str, env: dict[str, str]) -> Path | str:
+    """The segue home a worker on this node uses, or one line on why there is none.
+
+    The controller's home, when this node sees it (one machine, or a shared
+    filesystem). Otherwise a home of this node's own, which is enough when the
+    store is PostgreSQL ($SEGUE_STORE): the home then holds only the worker's
+    exit report, and checkpoints go where the run's --checkpoints URL says.
+    """
+    from ..store import DB_NAME, store_url
+
+    root = Path(home)
+    if (root / DB_NAME).exists() or (root.is_dir() and store_url(root) is not None):
+        return root
+    if not env.get("SEGUE_STORE"):
+        return (f"Ray node cannot see segue home {home} and the run's store is SQLite there; "
+                "on a Ray cluster use a PostgreSQL store (--store) and --checkpoints URL on "
+                "shared storage, or a filesystem every node mounts at the same path")
+    local = _scratch() / "homes" / hashlib.sha256(home.encode()).hexdigest()[:16]
+    local.mkdir(parents=True, exist_ok=True)
+    return local
+
+
+class AttemptActor:
+    """One attempt of one step on a Ray node (declared remote by :mod:`segue.executor.ray`)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: Path | None = None
+        self._lock = threading.Lock()
+
+    def node(self) -> dict[str, Any]:
+        """Where this actor runs: the Ray node, the pid, the devices Ray gave it."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "pid": os.getpid(),
+                "gpus": [str(g) for g in ray.get_gpu_ids()]}
+
+    def run(self, *, home: str, run_id: str, step: str, epoch: int, env: dict[str, str],
+            flow_source: bytes, flow_name: str) -> Outcome:
+        """Start the worker, wait for it, and return its exit code and report."""
+        import ray
+
+        from ..home import Home
+        from ..run.exits import exit_report_path
+
+        where = node_home(home, env)
+        if isinstance(where, str):  # this node cannot reach the run's store
+            return {"code": 1, "report": {"error": where, "traceback": "", "retryable": False}}
+        home = str(where)
+        flow = place_flow(flow_source, flow_name)
+        log_dir = _scratch() / "logs" / run_id
+        log_dir.mkdir(parents=True, exist_ok=True)
+        # Its own file (a run id and epoch may recur across homes and sessions).
+        self._log = log_dir / f"{step}.e{epoch}.{uuid.uuid4().hex[:12]}.log"
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        child_env = dict(os.environ)
+        child_env.update(env)
+        # Ray chose the devices: the worker sees exactly those.
+        child_env["CUDA_VISIBLE_DEVICES"] = child_env["SEGUE_DEVICES"] = ",".join(gpus)
+        child_env["SEGUE_FLOW_FILE"] = str(flow)
+        child_env["SEGUE_RAY_NODE_ID"] = ray.get_runtime_context().get_node_id()
+        child_env["PYTHONUNBUFFERED"] = "1"
+        cmd = [sys.executable, "-m", "segue._worker_main", "--home", home, "--run", run_id,
+               "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid())]
+        with open(self._log, "wb") as out:
+            out.write(f"segue: attempt epoch {epoch} on Ray node {child_env['SEGUE_RAY_NODE_ID']} "
+                      f"(actor pid {os.getpid()}, devices [{child_env['SEGUE_DEVICES']}])\n".encode())
+            out.flush()
+            with self._lock:
+                self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=child_env,
+                                              start_new_session=True)
+        code = self._proc.wait()
+        report = None
+        path = exit_report_path(Home.resolve(home), run_id, step, epoch)
+        with contextlib.suppress(OSError, ValueError):
+            report = json.loads(path.read_text())
+        return {"code": code, "report": report}
+
+    def signal(self, signum: int) -> bool:
+        """Deliver a signal to the worker; False once it ended (or before it started)."""
+        with self._lock:
+            proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.Signals(signum))
+        return True
+
+    def discard_log(self) -> None:
+        """Remove this node's copy of the output once the controller has all of it."""
+        if self._log is not None:
+            with contextlib.suppress(OSError):
+                self._log.unlink()
+
+    def read_log(self, offset: int) -> bytes:
+        """The attempt's output from ``offset`` on (at most LOG_CHUNK bytes)."""
+        if self._log is None:
+            return b""
+        try:
+            with open(self._log, "rb") as f:
+                f.seek(offset)
+                return f.read(LOG_CHUNK)
+        except OSError:
+            return b""

@@ -1,0 +1,222 @@
+"""The Ray executor on a real Ray cluster, driven through the CLI.
+
+A head (no CPUs: attempts never land on it) and two worker nodes on this
+machine (``ray.cluster_utils.Cluster``), with node health checks shortened so
+that a removed node is declared dead in well under a second. A node is lost
+with ``remove_node(..., allow_graceful=False)``: its raylet and every process
+on it die at once, as when a machine goes away. Every fault is gated on
+observed progress (a committed checkpoint of the attempt on that node) and
+counted: the node that ran the attempt is named in its log, the store records
+the lost attempt, and the next attempt ran on another node.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from segue_helpers import FLOWS, Segue, wait_for
+
+ray = pytest.importorskip("ray", reason="the Ray executor tests need Ray: pip install 'segue[ray]'")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from segue.home import Home  # noqa: E402
+
+QUICK = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
+MiB = 2**20
+NODE = {"num_cpus": 2, "num_gpus": 1, "object_store_memory": 80 * MiB}
+# Node losses with random timing: the issue asks for ten; CI runs them all.
+REPS = int(os.environ.get("SEGUE_RAY_NODE_LOSS_REPS", "10"))
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Any:
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 0, "object_store_memory": 80 * MiB,
+        "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3,
+                           "health_check_initial_delay_ms": 0}})
+    for _ in range(2):
+        c.add_node(**NODE)
+    ray.init(address=c.address, log_to_driver=False)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def on_ray(cluster: Any) -> tuple[str, ...]:
+    return ("--executor", "ray", "--ray-address", cluster.address)
+
+
+def node_of(segue: Segue, run: str, step: str, epoch: int) -> str:
+    """The Ray node an attempt ran on, as its log (streamed home) says."""
+    log = segue.home / "logs" / run / f"{step}.e{epoch}.log"
+
+    def named() -> str | None:
+        m = re.search(r"on Ray node ([0-9a-f]+)", log.read_text()) if log.exists() else None
+        return m.group(1) if m else None
+
+    return wait_for(named, 60, f"the log of {step} epoch {epoch} to name its Ray node")
+
+
+def lose_node(cluster: Any, node_id: str) -> None:
+    """Remove the node at once (no graceful drain), then add a fresh one in its place."""
+    victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)
+    cluster.remove_node(victim, allow_graceful=False)
+    cluster.add_node(**NODE)
+
+
+def same_counter(segue: Segue, run: str, ref: dict[str, Any]) -> None:
+    """The counter's outputs equal the reference's, bit for bit."""
+    import numpy as np
+
+    got = segue.output(run, "count")
+    assert got["i"] == ref["count"]["i"] and got["acc"] == ref["count"]["acc"], (run, got)
+    np.testing.assert_array_equal(got["hist"], ref["count"]["hist"])
+    assert segue.output(run, "report") == ref["report"]
+
+
+def lost_attempts(segue: Segue, run: str) -> list[dict[str, Any]]:
+    """The store's record of attempts whose actor died with its node."""
+    return [e for e in segue.events(run) if e["kind"] == "task"
+            and "the Ray actor of this attempt died" in e["reason"]]
+
+
+def store_of(segue: Segue) -> Any:
+    return Home.resolve(segue.home).open_store()
+
+
+def committed(store: Any, run: str, step: str, epoch: int, at_least: int = 1) -> bool:
+    return sum(c.epoch == epoch for c in store.list_checkpoints(run, step)) >= at_least
+
+
+def test_a_flow_runs_unchanged_on_ray_and_ends_as_it_does_locally(
+        segue: Segue, cluster: Any, counter_ref: Any) -> None:
+    proc = segue("run", str(FLOWS / "counter.py"), "--run-id", "r", "-p", "n=120", *on_ray(cluster))
+    assert proc.returncode == 0, proc.stderr
+    same_counter(segue, "r", counter_ref(120))
+    # Each attempt ran in an actor on a worker node; its output came home to `segue logs`.
+    workers = {n.node_id for n in cluster.worker_nodes}
+    assert node_of(segue, "r", "count", 1) in workers, (workers, ray.nodes(), cluster.head_node.node_id)
+    logs = segue("logs", "r").stdout
+    assert "attempt epoch 1 of count ended with exit code 0" in logs, logs
+    assert segue.status("r")["state"] == "SUCCEEDED"
+
+
+def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
+        segue: Segue, cluster: Any, counter_ref: Any, tmp_path: Path) -> None:
+    """REPS times, at a random checkpoint of the attempt, its node is removed at once."""
+    seed = int(os.environ.get("SEGUE_TEST_SEED", time.time_ns() % 10**6))
+    rng = random.Random(seed)
+    ref = counter_ref(200)
+    store = store_of(segue)
+    landed = 0
+    for i in range(REPS):
+        run, gate = f"loss{i}", tmp_path / f"gate{i}"
+        segue("run", str(FLOWS / "counter.py"), "--run-id", run, "--detach", "-p", "n=200",
+              "-p", f"hold={gate}", *on_ray(cluster), env=QUICK, check=True)
+        k = rng.randint(1, 4)
+        wait_for(lambda: committed(store, run, "count", 1, k), 120,
+                 f"{run}: checkpoint {k} of the first attempt (seed {seed})")
+        time.sleep(rng.uniform(0, 0.2))
+        lost = node_of(segue, run, "count", 1)
+        lose_node(cluster, lost)
+        # The next attempt restored and committed on a live node.
+        wait_for(lambda: committed(store, run, "count", 2), 120, f"{run}: a checkpoint of attempt 2")
+        assert node_of(segue, run, "count", 2) != lost
+        gate.touch()
+        segue.wait_state(run, {"SUCCEEDED"}, 120)
+        same_counter(segue, run, ref)
+        assert len(lost_attempts(segue, run)) == 1, segue.events(run)
+        landed += 1
+        # Completed steps are never re-run: the report step ran once, after the loss.
+        assert store.get_task(run, "report").attempts == 1
+    assert landed == REPS
+
+
+def test_node_loss_of_a_parallel_data_step_keeps_its_output_exactly_once(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
+    from test_kill_campaign import FAST, check_exactly_once, make_input, read_output
+
+    flow = str(Path(__file__).parents[1] / "data" / "flows" / "mapparallel.py")
+    n = 4000
+    inp = make_input(tmp_path / "in", n)
+    segue.env.update(FAST)
+    clean_out = tmp_path / "clean"
+    segue("run", flow, "--run-id", "clean", "-p", f"input={inp}", "-p", f"out={clean_out}",
+          timeout=300, check=True)
+    clean = read_output("jsonl", clean_out)
+    hold, out = tmp_path / "hold", tmp_path / "out"
+    segue.env.update({"MAPPARALLEL_HOLD": str(hold), "MAPPARALLEL_HOLD_K": str(n - 1),
+                      "MAPPARALLEL_WORK_S": "0.004",
+                      # The flow's own variables travel to the Ray nodes only when named.
+                      "SEGUE_RAY_ENV": "MAPPARALLEL_HOLD,MAPPARALLEL_HOLD_K,MAPPARALLEL_WORK_S"})
+    segue("run", flow, "--run-id", "par", "-p", f"input={inp}", "-p", f"out={out}", "--detach",
+          *on_ray(cluster), check=True)
+    store = store_of(segue)
+    wait_for(lambda: committed(store, "par", "upper", 1), 120, "a checkpoint of the first attempt")
+    lost = node_of(segue, "par", "upper", 1)
+    lose_node(cluster, lost)
+    wait_for(lambda: store.get_task("par", "upper").epoch >= 2, 120, "a second attempt")
+    assert node_of(segue, "par", "upper", 2) != lost
+    hold.write_text("go")
+    segue.wait_state("par", {"SUCCEEDED"}, 300)
+    check_exactly_once(read_output("jsonl", out), n, clean)
+    assert len(lost_attempts(segue, "par")) == 1, segue.events("par")
+
+
+def test_ddp_gang_on_ray_survives_node_loss_and_a_pause_bit_identical(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    """Two gloo ranks with shuffling and dropout: their node is removed at a checkpoint,
+    then the gang is paused and resumed; the weights equal an uninterrupted local run's."""
+    pytest.importorskip("torch", reason="the DDP test needs torch: pip install torch")
+    import torch
+
+    ddp = str(FLOWS / "ddp.py")
+    assert segue("run", ddp, "--run-id", "ref", env=QUICK).returncode == 0
+    gate = tmp_path / "gate"
+    segue("run", ddp, "--run-id", "hit", "--detach", "-p", f"gate={gate}", "-p", "hold=20",
+          *on_ray(cluster), env=QUICK, check=True)
+    store = store_of(segue)
+    wait_for(lambda: committed(store, "hit", "train", 1, 2), 180, "two checkpoints of the first attempt")
+    lost = node_of(segue, "hit", "train", 1)
+    lose_node(cluster, lost)
+    wait_for(lambda: (store.get_task("hit", "train").progress_done or 0) >= 20
+             and store.get_task("hit", "train").epoch >= 2, 180, "the second attempt at its gate")
+    assert node_of(segue, "hit", "train", 2) != lost
+    assert segue("pause", "hit", "--wait", "--timeout", "60").returncode == 0
+    gate.touch()
+    assert segue("resume", "hit", env=QUICK).returncode == 0
+    assert segue.status("hit")["state"] == "SUCCEEDED"
+    ref, got = segue.output("ref", "train"), segue.output("hit", "train")
+    assert got["step"] == ref["step"] == 24
+    for name, w in ref["weights"].items():
+        assert torch.equal(w, got["weights"][name]), name
+    attempts = store.get_task("hit", "train").attempts
+    assert attempts == 3, attempts  # lost with its node, paused, finished
+
+
+def test_what_ray_cannot_run_is_refused_at_submit_in_one_line(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    big = tmp_path / "big.py"
+    big.write_text("from segue import Flow\nflow = Flow('big')\n"
+                   "@flow.step(gpus=4)\ndef train(ctx):\n    return 1\n")
+    proc = segue("run", str(big), *on_ray(cluster))
+    assert proc.returncode == 2, proc.stderr
+    assert "step 'train' needs 1 CPUs and 4 GPUs on one Ray node, but the largest node of the " \
+           "cluster has 2 CPUs and 1 GPUs" in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    elastic = str(FLOWS / "elastic.py")
+    proc = segue("run", elastic, *on_ray(cluster))
+    assert proc.returncode == 2 and "is elastic (workers=(1, 3))" in proc.stderr, proc.stderr
+    proc = segue("run", str(FLOWS / "counter.py"), "--executor", "ray", "--ray-address", "127.0.0.1:1")
+    assert proc.returncode == 2 and "cannot reach the Ray cluster at 127.0.0.1:1" in proc.stderr, proc.stderr
+    assert segue.json("ls") == []  # nothing was created
