@@ -36,7 +36,9 @@ EXPECTED: dict[str, set[str]] = {
                 "pg_vs_sqlite_1_writers", "pg_vs_sqlite_16_writers", "fsync_per_s", "s3_vs_local_save",
                 "s3_vs_local_restore", "goals"},
     "scale": {"gang_ckpt_vs_single", "gang_vs_disk", "vs_dcp", "gang_save_s", "single_save_s",
-              "raw_write_s", "states_equal", "not_measured", "goals"},
+              "raw_write_s", "states_equal", "not_measured", "goals", "efficiency_2_workers", "vs_ray_data",
+              "node_loss_recovery_s", "ray_node_death_detection_s", "ray_workers_s", "local_workers_s",
+              "ray_data_2w_s", "ray_cluster"},
     "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",
                "pause_to_paused_cli_s", "pause_tries_per_side", "server_rss_bytes", "load_errors",
                "goals"},
@@ -103,3 +105,14 @@ def test_gpu_checkpoint_smoke_skips_or_measures() -> None:
         assert "GPU" in got["skipped"] or "CUDA" in got["skipped"] or "torch" in got["skipped"]
     else:
         assert got["restored_equal_on_gpu"] is True
+
+
+def test_scale_smoke_measures_the_ray_figures_or_says_why() -> None:
+    got = run_smoke("scale")
+    for key in ("efficiency_2_workers", "vs_ray_data", "node_loss_recovery_s"):
+        assert set(got["goals"][key]) == {"target", "value", "met"}
+        # a figure is either measured or null with its reason
+        assert (got[key] is None) == (key in got["not_measured"]), (key, got[key], got["not_measured"])
+    if got["ray_workers_s"] is not None:  # Ray ran: every output was checked first
+        assert got["ray_output_verified"]["every_run_matched"] is True
+        assert set(got["ray_workers_s"]) == set(got["local_workers_s"]) == {"1", "2", "4"}

@@ -1,7 +1,9 @@
 """The Ray executor on a real Ray cluster, driven through the CLI.
 
-A head (no CPUs: attempts never land on it) and two worker nodes on this
-machine (``ray.cluster_utils.Cluster``), with node health checks shortened so
+A head (no CPUs: attempts never land on it) and three worker nodes of one CPU
+and one (logical) GPU each on this machine (``ray.cluster_utils.Cluster``), so
+a data step's two sub-workers and a gang's two ranks are always on two nodes,
+with node health checks shortened so
 that a removed node is declared dead in well under a second. A node is lost
 with ``remove_node(..., allow_graceful=False)``: its raylet and every process
 on it die at once, as when a machine goes away. Every fault is gated on
@@ -29,7 +31,7 @@ from segue.home import Home  # noqa: E402
 
 QUICK = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
 MiB = 2**20
-NODE = {"num_cpus": 2, "num_gpus": 1, "object_store_memory": 80 * MiB}
+NODE = {"num_cpus": 1, "num_gpus": 1, "object_store_memory": 80 * MiB}
 # Node losses with random timing: the issue asks for ten; CI runs them all.
 REPS = int(os.environ.get("SEGUE_RAY_NODE_LOSS_REPS", "10"))
 
@@ -40,7 +42,7 @@ def cluster() -> Any:
         "num_cpus": 0, "object_store_memory": 80 * MiB,
         "_system_config": {"health_check_period_ms": 200, "health_check_failure_threshold": 3,
                            "health_check_initial_delay_ms": 0}})
-    for _ in range(2):
+    for _ in range(3):
         c.add_node(**NODE)
     ray.init(address=c.address, log_to_driver=False)
     c.wait_for_nodes()
@@ -64,6 +66,18 @@ def node_of(segue: Segue, run: str, step: str, epoch: int) -> str:
     return wait_for(named, 60, f"the log of {step} epoch {epoch} to name its Ray node")
 
 
+def members_of(segue: Segue, run: str, step: str, epoch: int, noun: str, n: int) -> dict[int, str]:
+    """The Ray node of each member (sub-worker or rank) of an attempt, as its log says."""
+    log = segue.home / "logs" / run / f"{step}.e{epoch}.log"
+
+    def named() -> dict[int, str] | None:
+        text = log.read_text() if log.exists() else ""
+        found = {int(i): node for i, node in re.findall(rf"{noun} (\d+) runs on Ray node ([0-9a-f]+)", text)}
+        return found if len(found) == n else None
+
+    return wait_for(named, 60, f"the log of {step} epoch {epoch} to name its {n} {noun}s' nodes")
+
+
 def lose_node(cluster: Any, node_id: str) -> None:
     """Remove the node at once (no graceful drain), then add a fresh one in its place."""
     victim = next(n for n in cluster.worker_nodes if n.node_id == node_id)
@@ -79,6 +93,12 @@ def same_counter(segue: Segue, run: str, ref: dict[str, Any]) -> None:
     assert got["i"] == ref["count"]["i"] and got["acc"] == ref["count"]["acc"], (run, got)
     np.testing.assert_array_equal(got["hist"], ref["count"]["hist"])
     assert segue.output(run, "report") == ref["report"]
+
+
+def failures(segue: Segue, run: str) -> list[str]:
+    """Why each failed attempt failed, in order (the failure detector's transitions)."""
+    return [e["reason"] for e in segue.events(run)
+            if e["actor"] == "failure-detector" and e["kind"] == "task"]
 
 
 def lost_attempts(segue: Segue, run: str) -> list[dict[str, Any]]:
@@ -139,8 +159,10 @@ def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
     assert landed == REPS
 
 
-def test_node_loss_of_a_parallel_data_step_keeps_its_output_exactly_once(
+def test_node_loss_of_a_data_step_and_of_its_sub_worker_keep_the_output_exactly_once(
         segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    """A parallel data step's sub-workers are Ray actors of their own, on other nodes than
+    each other: the node of the step's worker is lost, then the node of a sub-worker."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).parents[1] / "data"))
@@ -162,46 +184,71 @@ def test_node_loss_of_a_parallel_data_step_keeps_its_output_exactly_once(
     segue("run", flow, "--run-id", "par", "-p", f"input={inp}", "-p", f"out={out}", "--detach",
           *on_ray(cluster), check=True)
     store = store_of(segue)
+    # 1. The node of the step's worker (the coordinator).
     wait_for(lambda: committed(store, "par", "upper", 1), 120, "a checkpoint of the first attempt")
+    subs = members_of(segue, "par", "upper", 1, "sub-worker", 2)
+    assert len(set(subs.values())) == 2, subs  # one CPU a node: two nodes
     lost = node_of(segue, "par", "upper", 1)
     lose_node(cluster, lost)
-    wait_for(lambda: store.get_task("par", "upper").epoch >= 2, 120, "a second attempt")
-    assert node_of(segue, "par", "upper", 2) != lost
+    # 2. Once the next attempt committed: the node of a sub-worker the coordinator is not on.
+    wait_for(lambda: committed(store, "par", "upper", 2), 120, "a checkpoint of the second attempt")
+    coordinator = node_of(segue, "par", "upper", 2)
+    assert coordinator != lost
+    subs = members_of(segue, "par", "upper", 2, "sub-worker", 2)
+    victim = next(node for node in subs.values() if node != coordinator)
+    lose_node(cluster, victim)
+    wait_for(lambda: store.get_task("par", "upper").epoch >= 3, 120, "a third attempt")
     hold.write_text("go")
     segue.wait_state("par", {"SUCCEEDED"}, 300)
     check_exactly_once(read_output("jsonl", out), n, clean)
-    assert len(lost_attempts(segue, "par")) == 1, segue.events("par")
+    fails = failures(segue, "par")
+    assert len(fails) == 2, fails  # each loss landed once and cost its attempt
+    assert "the Ray actor of this attempt died" in fails[0], fails
+    assert "sub-worker" in fails[1] and "Ray actor" in fails[1], fails
 
 
-def test_ddp_gang_on_ray_survives_node_loss_and_a_pause_bit_identical(
+def test_ddp_gang_on_two_nodes_survives_node_loss_rank_kills_and_a_pause_bit_identical(
         segue: Segue, cluster: Any, tmp_path: Path) -> None:
-    """Two gloo ranks with shuffling and dropout: their node is removed at a checkpoint,
-    then the gang is paused and resumed; the weights equal an uninterrupted local run's."""
+    """Two gloo ranks on two nodes (one CPU each), with shuffling and dropout: a rank's node
+    is removed at a checkpoint, the next two attempts each lose a rank (SIGKILL at its
+    second vote), then the gang is paused and resumed; the weights equal an uninterrupted
+    local run's, bit for bit."""
     pytest.importorskip("torch", reason="the DDP test needs torch: pip install torch")
     import torch
 
     ddp = str(FLOWS / "ddp.py")
-    assert segue("run", ddp, "--run-id", "ref", env=QUICK).returncode == 0
+    # Six epochs of 8 steps, a checkpoint every 4: room for two votes in each faulty
+    # attempt before the gate at step 44, wherever the node loss left the first one.
+    # (A smaller step than the flow's default keeps the longer training finite.)
+    train = ("-p", "epochs=6", "-p", "lr=0.01")
+    assert segue("run", ddp, "--run-id", "ref", *train, env=QUICK).returncode == 0
     gate = tmp_path / "gate"
-    segue("run", ddp, "--run-id", "hit", "--detach", "-p", f"gate={gate}", "-p", "hold=20",
-          *on_ray(cluster), env=QUICK, check=True)
+    faults = {**QUICK, "SEGUE_FAULTS": "gang.before_vote:kill:2", "SEGUE_FAULTS_IN": "rank0,rank1",
+              "SEGUE_FAULTS_EPOCHS": "2,3"}
+    segue("run", ddp, "--run-id", "hit", "--detach", *train, "-p", f"gate={gate}",
+          "-p", "hold=44", *on_ray(cluster), env=faults, check=True)
     store = store_of(segue)
     wait_for(lambda: committed(store, "hit", "train", 1, 2), 180, "two checkpoints of the first attempt")
-    lost = node_of(segue, "hit", "train", 1)
-    lose_node(cluster, lost)
-    wait_for(lambda: (store.get_task("hit", "train").progress_done or 0) >= 20
-             and store.get_task("hit", "train").epoch >= 2, 180, "the second attempt at its gate")
-    assert node_of(segue, "hit", "train", 2) != lost
+    ranks = members_of(segue, "hit", "train", 1, "rank", 2)
+    assert len(set(ranks.values())) == 2, ranks  # the gang spans two nodes
+    lose_node(cluster, ranks[1])
+    try:
+        wait_for(lambda: (store.get_task("hit", "train").progress_done or 0) >= 44
+                 and store.get_task("hit", "train").epoch >= 4, 240, "the fourth attempt at its gate")
+    except AssertionError:
+        raise AssertionError(f"{segue('events', 'hit').stdout}\n{segue('logs', 'hit').stdout[-2500:]}") from None
     assert segue("pause", "hit", "--wait", "--timeout", "60").returncode == 0
     gate.touch()
     assert segue("resume", "hit", env=QUICK).returncode == 0
     assert segue.status("hit")["state"] == "SUCCEEDED"
     ref, got = segue.output("ref", "train"), segue.output("hit", "train")
-    assert got["step"] == ref["step"] == 24
+    assert got["step"] == ref["step"] == 48
     for name, w in ref["weights"].items():
-        assert torch.equal(w, got["weights"][name]), name
-    attempts = store.get_task("hit", "train").attempts
-    assert attempts == 3, attempts  # lost with its node, paused, finished
+        assert torch.isfinite(w).all() and torch.equal(w, got["weights"][name]), name
+    fails = failures(segue, "hit")
+    assert len(fails) == 3, fails  # the node loss and two rank kills, each landed once
+    assert sum("exit code -9" in f for f in fails) == 2, fails
+    assert store.get_task("hit", "train").attempts == 5  # lost, killed twice, paused, finished
 
 
 def test_what_ray_cannot_run_is_refused_at_submit_in_one_line(
@@ -212,11 +259,62 @@ def test_what_ray_cannot_run_is_refused_at_submit_in_one_line(
     proc = segue("run", str(big), *on_ray(cluster))
     assert proc.returncode == 2, proc.stderr
     assert "step 'train' needs 1 CPUs and 4 GPUs on one Ray node, but the largest node of the " \
-           "cluster has 2 CPUs and 1 GPUs" in proc.stderr, proc.stderr
+           "cluster has 1 CPUs and 1 GPUs" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    wide = tmp_path / "wide.py"
+    wide.write_text("from segue import Flow\nfrom segue.data import JsonlSink, SequenceSource\n"
+                    "flow = Flow('wide')\n"
+                    "@flow.map(source=lambda ctx: SequenceSource([1, 2]), sink=lambda ctx: JsonlSink('o'),"
+                    " workers=4)\ndef f(r):\n    return {'r': r}\n")
+    proc = segue("run", str(wide), *on_ray(cluster))
+    assert proc.returncode == 2, proc.stderr
+    assert "step 'f' needs 5 CPUs and 0 GPUs on Ray in all (its worker and 4 sub-workers, 1 CPUs " \
+           "each), but the cluster has 3 CPUs and 3 GPUs" in proc.stderr, proc.stderr
     elastic = str(FLOWS / "elastic.py")
     proc = segue("run", elastic, *on_ray(cluster))
     assert proc.returncode == 2 and "is elastic (workers=(1, 3))" in proc.stderr, proc.stderr
     proc = segue("run", str(FLOWS / "counter.py"), "--executor", "ray", "--ray-address", "127.0.0.1:1")
     assert proc.returncode == 2 and "cannot reach the Ray cluster at 127.0.0.1:1" in proc.stderr, proc.stderr
     assert segue.json("ls") == []  # nothing was created
+
+
+def test_on_postgres_and_s3_a_node_needs_no_shared_disk_and_survives_its_loss(
+        segue: Segue, cluster: Any, counter_ref: Any, pg: Any, s3_endpoint: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cluster setup of issue 11 on Ray: the store is PostgreSQL and checkpoints are in
+    S3, so a node keeps a home of its own (never the controller's path) and the run reads
+    and writes nothing of the controller's disk but its logs."""
+    from s3kit import s3_bucket
+
+    bucket, aws = s3_bucket(s3_endpoint)
+    url = pg.create_database()
+    for k, v in {**aws, "SEGUE_STORE": url}.items():  # this process reads the same store and bucket
+        monkeypatch.setenv(k, v)
+    segue.env.update({**aws, "SEGUE_STORE": url, **QUICK,
+                      "SEGUE_RAY_ENV": ",".join(sorted(aws))})  # S3 credentials travel by name
+    counter = str(FLOWS / "counter.py")
+    proc = segue("run", counter, "--run-id", "nope", *on_ray(cluster))
+    assert proc.returncode == 2, proc.stderr
+    assert "on Ray with a PostgreSQL store the nodes do not share this home; pass --checkpoints" \
+        in proc.stderr, proc.stderr
+    gate = Path(segue.home.parent) / "gate"
+    segue("run", counter, "--run-id", "pgs3", "--detach", "-p", "n=200", "-p", f"hold={gate}",
+          "--checkpoints", f"s3://{bucket}/segue", *on_ray(cluster), check=True)
+    store = store_of(segue)
+    wait_for(lambda: committed(store, "pgs3", "count", 1, 2), 120, "two checkpoints of the first attempt")
+    lost = node_of(segue, "pgs3", "count", 1)
+    lose_node(cluster, lost)
+    wait_for(lambda: committed(store, "pgs3", "count", 2), 120, "a checkpoint of attempt 2")
+    assert node_of(segue, "pgs3", "count", 2) != lost
+    gate.touch()
+    segue.wait_state("pgs3", {"SUCCEEDED"}, 120)
+    same_counter(segue, "pgs3", counter_ref(200))
+    assert len(lost_attempts(segue, "pgs3")) == 1
+    # The checkpoints and outputs are in the bucket; none on the controller's disk.
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint, aws_access_key_id="testing",
+                      aws_secret_access_key="testing", region_name="us-east-1")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="segue/runs/pgs3/")["Contents"]]
+    assert any("/count/ckpt/" in k for k in keys) and any("/report/output-" in k for k in keys), keys
+    assert not (Home.resolve(segue.home).data_dir / "runs").exists()

@@ -11,7 +11,7 @@ import time
 
 from segue import Flow
 
-flow = Flow("ddp", params={"epochs": 3, "gate": "", "hold": -1})
+flow = Flow("ddp", params={"epochs": 3, "gate": "", "hold": -1, "lr": 0.05})
 RECORDS, BATCH = 64, 4
 
 
@@ -25,7 +25,7 @@ def train(ctx):
     torch.manual_seed(0)  # the same initial weights on every rank
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 1))
     ddp = DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    opt = torch.optim.SGD(ddp.parameters(), lr=p["lr"], momentum=0.9)
     data = torch.Generator().manual_seed(1)
     x_all = torch.randn(RECORDS, 8, generator=data)
     y_all = x_all.sum(1, keepdim=True)

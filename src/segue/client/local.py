@@ -24,6 +24,7 @@ from ..run.options import RunOptions
 from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import Prices
 from ..states import Actor, RunState
+from ..store import store_url
 from ..store.base import RunRecord, Store, TaskRecord
 from ..store.pool import HostPool, HostPoolStore
 from .base import RESTING, BaseClient, check_changes_limit
@@ -142,6 +143,10 @@ class LocalClient(BaseClient):
             max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
             checkpoints=checkpoints, executor=executor, ray_address=ray_address,
         )
+        if opts.executor == "ray" and not opts.checkpoints and store_url(self.home.root):
+            # Ray nodes then keep homes of their own: the home's data directory is no one's.
+            raise UsageError("on Ray with a PostgreSQL store the nodes do not share this home; pass "
+                             "--checkpoints URL (e.g. s3://bucket/prefix) on storage every node reads")
         # Strings are converted by the flow's declared types (as on the command line),
         # typed values are checked against them: flow.params.resolve does both.
         prepared = ops.prepare_run(flow, dict(params or {}), run_id=run_id, options=opts, pool=self._open_pool)

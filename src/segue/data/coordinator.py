@@ -28,7 +28,7 @@ from typing import Any
 from ..run.park import Park
 from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
 from .elastic import Group, Scaler
-from .pool import LocalProcessPool, SubWorkerLost, SubWorkerPool
+from .pool import SubWorkerLost, SubWorkerPool, default_pool
 from .sinks.base import Scope, Sink
 from .sources.base import Shard, Source
 from .subworker import Recipe
@@ -67,7 +67,9 @@ class ParallelMapRun(MapRun):
         self.min_split = min_split
         self.allow_pickle = allow_pickle
         self.recipe = recipe if recipe is not None else self._pickled_recipe()
-        self.pool = pool if pool is not None else LocalProcessPool()
+        spec = getattr(ctx, "spec", None)  # a step's context (a stand-in may have none)
+        self.pool = pool if pool is not None else default_pool(
+            "sub-worker", resources=getattr(spec, "resources", None))
         self.slots = [_Slot() for _ in range(workers)]
         self.idle = [True] * workers
         self.splits = 0

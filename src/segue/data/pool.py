@@ -3,9 +3,9 @@
 This is the executor seam of ``run_map(workers=N)``. The coordinator only
 uses :class:`SubWorkerPool` (start, send, recv, stop) and exchanges small
 picklable messages with each sub-worker; it never touches a process. The
-local implementation runs spawned processes joined by pipes; a Ray
-implementation would start N actors running :func:`segue.data.subworker.serve`
-over a queue pair and map "actor died" to :class:`SubWorkerLost`.
+local implementation runs spawned processes joined by pipes; on Ray
+(segue.executor.ray_pool) each member is an actor of its own on any node,
+joined by an authenticated socket, and "actor died" is :class:`SubWorkerLost`.
 
 A pool never decides anything about the data: exactly-once lives in the
 coordinator's checkpoint and the sinks' two-phase commit.
@@ -70,38 +70,18 @@ class SubWorkerPool(ABC):
         """Stop every sub-worker (politely, then by force); idempotent."""
 
 
-class LocalProcessPool(SubWorkerPool):
-    """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork)."""
+class ConnectionPool(SubWorkerPool):
+    """Members reached through ``multiprocessing`` connections (pipes or sockets):
+    the reading, sending and retiring that every such pool shares."""
 
-    def __init__(self, target: Callable[..., None] | None = None, noun: str = "sub-worker") -> None:
-        # ``target(conn, parent_pid, index, recipe, devices)`` runs in each process:
-        # a map step's sub-worker by default, a gang step's rank (run/gang_rank.py).
-        self._target, self._noun = target, noun
-        self._procs: dict[int, Any] = {}
+    def __init__(self, noun: str) -> None:
+        self._noun = noun
         self._conns: dict[int, Connection] = {}
         self._leaving: set[int] = set()
 
-    def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
-        from .subworker import main
-
-        mp = multiprocessing.get_context("spawn")
-        mine, theirs = mp.Pipe(duplex=True)
-        p = mp.Process(target=self._target or main, args=(theirs, os.getpid(), index, recipe, devices),
-                       name=f"segue-{self._noun.replace('-', '')}-{index}", daemon=True)
-        p.start()
-        theirs.close()  # so that the sub-worker's death reads as EOF here
-        self._procs[index] = p
-        self._conns[index] = mine
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for _, p in sorted(self._procs.items())]
-
+    @abstractmethod
     def _lost(self, i: int, why: str) -> SubWorkerLost:
-        p = self._procs[i]
-        p.join(0.5)
-        return SubWorkerLost(f"{self._noun} {i} (pid {p.pid}) {why} (exit code {p.exitcode}); "
-                             f"the attempt is retried from the last checkpoint")
+        """The error that says member ``i`` is gone (``why``), with what is known of its end."""
 
     def leaving(self, index: int) -> None:
         self._leaving.add(index)
@@ -135,6 +115,39 @@ class LocalProcessPool(SubWorkerPool):
                     break
         return out
 
+
+class LocalProcessPool(ConnectionPool):
+    """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork)."""
+
+    def __init__(self, target: Callable[..., None] | None = None, noun: str = "sub-worker") -> None:
+        # ``target(conn, parent_pid, index, recipe, devices)`` runs in each process:
+        # a map step's sub-worker by default, a gang step's rank (run/gang_rank.py).
+        super().__init__(noun)
+        self._target = target
+        self._procs: dict[int, Any] = {}
+
+    def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
+        from .subworker import main
+
+        mp = multiprocessing.get_context("spawn")
+        mine, theirs = mp.Pipe(duplex=True)
+        p = mp.Process(target=self._target or main, args=(theirs, os.getpid(), index, recipe, devices),
+                       name=f"segue-{self._noun.replace('-', '')}-{index}", daemon=True)
+        p.start()
+        theirs.close()  # so that the sub-worker's death reads as EOF here
+        self._procs[index] = p
+        self._conns[index] = mine
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for _, p in sorted(self._procs.items())]
+
+    def _lost(self, i: int, why: str) -> SubWorkerLost:
+        p = self._procs[i]
+        p.join(0.5)
+        return SubWorkerLost(f"{self._noun} {i} (pid {p.pid}) {why} (exit code {p.exitcode}); "
+                             f"the attempt is retried from the last checkpoint")
+
     def remove(self, index: int) -> None:
         p, c = self._procs.pop(index, None), self._conns.pop(index, None)
         self._leaving.discard(index)
@@ -160,3 +173,17 @@ class LocalProcessPool(SubWorkerPool):
         for c in self._conns.values():
             c.close()
         self._procs, self._conns, self._leaving = {}, {}, set()
+
+
+def default_pool(noun: str, *, target: Callable[..., None] | None = None, resources: Any = None,
+                 gang: int = 0) -> SubWorkerPool:
+    """Where this attempt's members run: beside it, or, for an attempt that runs on
+    Ray (``$SEGUE_RAY_ATTEMPT``), as Ray actors of their own on any node
+    (segue.executor.ray_pool; ``resources``: one member's, ``gang``: a gang's size,
+    placed together)."""
+    address = os.environ.get("SEGUE_RAY_ATTEMPT")
+    if address:
+        from ..executor.ray_pool import RayProcessPool
+
+        return RayProcessPool(noun, address=address, resources=resources, gang=gang)
+    return LocalProcessPool(target=target, noun=noun)

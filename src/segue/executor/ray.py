@@ -15,10 +15,10 @@ worker also learns of a pause from its heartbeat, through the store.
 The attempt's output streams back into ``HOME/logs`` (``segue logs``) while it
 runs; its exit report comes back with its exit code.
 
-Not yet here (see docs/ray.md): a gang's ranks on several nodes (a gang runs
-on one node, its actor holding all its ranks' resources), a data step's
-sub-workers as actors of their own (they run beside the worker), elastic
-steps, and preemption between Ray runs by segue's pool.
+A data step's sub-workers and a gang's ranks are actors of their own
+(executor.ray_pool); the attempt's actor then holds only its CPUs. Not yet
+here (see docs/ray.md): elastic steps, and preemption between Ray runs by
+segue's pool.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ DRAIN_TIMEOUT_S = 30.0
 PROBE_TIMEOUT_S = 5.0
 RAY_ENV = "SEGUE_RAY_ENV"  # the names of more variables a worker on Ray gets
 # Settings of this host that mean nothing on another node.
-_LOCAL = frozenset({"SEGUE_HOME"})
+_LOCAL = frozenset({"SEGUE_HOME", "SEGUE_FLOW_FILE", "SEGUE_DEVICES", "SEGUE_RAY_NODE_ID",
+                    "SEGUE_RAY_ATTEMPT"})
 
 # Python's name for "killed by SIGKILL": how a lost actor's attempt is reported.
 ACTOR_LOST = -int(signal.SIGKILL)
@@ -91,16 +92,20 @@ def connect(address: str) -> Any:
 
 
 def actor_options(r: Resources, world_size: int = 1) -> dict[str, Any]:
-    """What the attempt's actor asks Ray for: the step's resources, for all its
-    processes (a gang's ranks, a data step's sub-workers run beside the worker)."""
-    procs = max(world_size, r.workers[1])
+    """What the attempt's actor asks Ray for: the step's resources. A step with
+    members (a gang's ranks, a data step's sub-workers) asks for its CPUs only:
+    its worker coordinates (barriers, votes, commits) and each member is an actor
+    of its own with its own share (executor.ray_pool). Not nothing: a 0-CPU actor
+    would land on the head node, whose loss is the cluster's."""
     opts: dict[str, Any] = {
-        "num_cpus": r.cpus * max(1, world_size),
-        "num_gpus": r.gpus * procs,
+        "num_cpus": r.cpus, "num_gpus": r.gpus,
         "max_restarts": 0, "max_task_retries": 0,
         # run() blocks; signal() and read_log() must still be answered meanwhile.
         "max_concurrency": 4,
     }
+    if world_size > 1 or r.workers[1] > 1:
+        opts["num_gpus"] = 0
+        return opts
     if r.memory:
         opts["memory"] = r.memory
     if r.accelerator and r.gpus:
@@ -109,11 +114,22 @@ def actor_options(r: Resources, world_size: int = 1) -> dict[str, Any]:
 
 
 def check_fits(ray: Any, steps: dict[str, tuple[Resources, int]]) -> None:
-    """Refuse now a step that no node of the cluster can ever hold (one line)."""
+    """Refuse now a step (or one member of it) that no node of the cluster can hold,
+    or whose worker and members together exceed the whole cluster."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
+    total = {k: sum(n["Resources"].get(k, 0) for n in nodes) for k in ("CPU", "GPU")}
     for name, (r, world) in steps.items():
-        opts = actor_options(r, world)
-        want = {"CPU": opts["num_cpus"], "GPU": opts["num_gpus"]}
+        members = max(world, r.workers[1]) if world > 1 or r.workers[1] > 1 else 0
+        if members:
+            noun = "ranks" if world > 1 else "sub-workers"
+            need = {"CPU": r.cpus * (1 + members), "GPU": r.gpus * members}
+            if any(need[k] > total[k] for k in need):
+                raise UsageError(
+                    f"step {name!r} needs {need['CPU']:g} CPUs and {need['GPU']:g} GPUs on Ray in all "
+                    f"(its worker and {members} {noun}, {r.cpus:g} CPUs each), but the cluster has "
+                    f"{total['CPU']:g} CPUs and {total['GPU']:g} GPUs; add nodes or declare fewer")
+        want = {"CPU": r.cpus, "GPU": r.gpus}  # the step's process, or each of its members
+        # (a step with members also needs its coordinator's CPUs, on any node)
         if any(all(n["Resources"].get(k, 0) >= v for k, v in want.items() if v) for n in nodes):
             continue
         most = max((n["Resources"].get("CPU", 0), n["Resources"].get("GPU", 0)) for n in nodes) \
@@ -271,11 +287,13 @@ class RayExecutor(Executor):
         url = store_url(Path(spec.home))
         if url:  # a node that does not see the home still reaches the store
             env["SEGUE_STORE"] = url
-        source = Path(spec.flow_path).read_bytes()
+        from .ray_node import flow_bundle
+
+        bundle = flow_bundle(spec.flow_path)
         opts = actor_options(spec.resources, spec.world_size)
         actor = cls.options(**opts).remote()
         ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
-                               epoch=spec.epoch, env=env, flow_source=source,
+                               epoch=spec.epoch, env=env, flow=bundle,
                                flow_name=Path(spec.flow_path).name)
         log.info("attempt %s epoch %d submitted to Ray (%s)", spec.step, spec.epoch,
                  {k: v for k, v in opts.items() if k.startswith("num_")})

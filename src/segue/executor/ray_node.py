@@ -33,6 +33,7 @@ from typing import Any
 Outcome = dict[str, Any]
 
 LOG_CHUNK = 1 << 20  # bytes per read_log call
+BUNDLE_FILES, BUNDLE_BYTES = 200, 8 << 20  # at most this much code travels with a flow
 
 
 def _scratch() -> Path:
@@ -42,38 +43,66 @@ def _scratch() -> Path:
     return root
 
 
-def place_flow(source: bytes, name: str) -> Path:
-    """Write the flow's source under its content hash (atomically) and return the path.
+def flow_bundle(path: str | Path) -> dict[str, bytes]:
+    """The flow file and the Python modules beside it (which it may import), by name.
+
+    What travels to a Ray node: the code by content, never a path the node may
+    not have. Only the flow's own directory, not below it, and only while it is
+    small; a larger code base belongs in an installed package on every node.
+    """
+    flow = Path(path)
+    bundle = {flow.name: flow.read_bytes()}
+    size = len(bundle[flow.name])
+    for p in sorted(flow.parent.glob("*.py")):
+        if p.name == flow.name or not p.is_file():
+            continue
+        with contextlib.suppress(OSError):
+            data = p.read_bytes()
+            if len(bundle) >= BUNDLE_FILES or size + len(data) > BUNDLE_BYTES:
+                break
+            bundle[p.name] = data
+            size += len(data)
+    return bundle
+
+
+def place_flow(bundle: dict[str, bytes], name: str) -> Path:
+    """Write the flow's bundle under its content hash (atomically) and return the flow's path.
 
     The file keeps its original name: the flow's module name and its
     sub-workers' recipes derive from the path, which is the same for the same
     content on every node.
     """
-    digest = hashlib.sha256(source).hexdigest()[:24]
-    d = _scratch() / "flows" / digest
+    h = hashlib.sha256()
+    for n in sorted(bundle):
+        h.update(n.encode() + b"\0" + hashlib.sha256(bundle[n]).digest())
+    d = _scratch() / "flows" / h.hexdigest()[:24]
     d.mkdir(parents=True, exist_ok=True)
-    path = d / (Path(name).name or "flow.py")
-    if not path.exists() or path.read_bytes() != source:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(source)
-        os.replace(tmp, path)
-    return path
+    for n, data in bundle.items():
+        path = d / Path(n).name
+        if not path.exists() or path.read_bytes() != data:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+    return d / (Path(name).name or "flow.py")
 
 
 def node_home(home: str, env: dict[str, str]) -> Path | str:
     """The segue home a worker on this node uses, or one line on why there is none.
 
-    The controller's home, when this node sees it (one machine, or a shared
-    filesystem). Otherwise a home of this node's own, which is enough when the
-    store is PostgreSQL ($SEGUE_STORE): the home then holds only the worker's
-    exit report, and checkpoints go where the run's --checkpoints URL says.
+    With a PostgreSQL store ($SEGUE_STORE, passed by the controller), a home of
+    this node's own: it then holds only the worker's scratch (its exit report),
+    the store is reached by URL and checkpoints go where the run's
+    --checkpoints URL says (required at submit). A directory at the controller's
+    path on this node may be another machine's home: it is never used then.
+    With SQLite, the controller's home itself, which the node must see (one
+    machine, or a filesystem every node mounts at the same path).
     """
-    from ..store import DB_NAME, store_url
+    from ..store import DB_NAME
 
     root = Path(home)
-    if (root / DB_NAME).exists() or (root.is_dir() and store_url(root) is not None):
-        return root
     if not env.get("SEGUE_STORE"):
+        if (root / DB_NAME).exists():
+            return root
         return (f"Ray node cannot see segue home {home} and the run's store is SQLite there; "
                 "on a Ray cluster use a PostgreSQL store (--store) and --checkpoints URL on "
                 "shared storage, or a filesystem every node mounts at the same path")
@@ -99,7 +128,7 @@ class AttemptActor:
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def run(self, *, home: str, run_id: str, step: str, epoch: int, env: dict[str, str],
-            flow_source: bytes, flow_name: str) -> Outcome:
+            flow: dict[str, bytes], flow_name: str) -> Outcome:
         """Start the worker, wait for it, and return its exit code and report."""
         import ray
 
@@ -110,7 +139,7 @@ class AttemptActor:
         if isinstance(where, str):  # this node cannot reach the run's store
             return {"code": 1, "report": {"error": where, "traceback": "", "retryable": False}}
         home = str(where)
-        flow = place_flow(flow_source, flow_name)
+        flow_file = place_flow(flow, flow_name)
         log_dir = _scratch() / "logs" / run_id
         log_dir.mkdir(parents=True, exist_ok=True)
         # Its own file (a run id and epoch may recur across homes and sessions).
@@ -120,8 +149,10 @@ class AttemptActor:
         child_env.update(env)
         # Ray chose the devices: the worker sees exactly those.
         child_env["CUDA_VISIBLE_DEVICES"] = child_env["SEGUE_DEVICES"] = ",".join(gpus)
-        child_env["SEGUE_FLOW_FILE"] = str(flow)
+        child_env["SEGUE_FLOW_FILE"] = str(flow_file)
         child_env["SEGUE_RAY_NODE_ID"] = ray.get_runtime_context().get_node_id()
+        # The worker's members (sub-workers, ranks) become actors of this cluster.
+        child_env["SEGUE_RAY_ATTEMPT"] = ray.get_runtime_context().gcs_address
         child_env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "segue._worker_main", "--home", home, "--run", run_id,
                "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid())]

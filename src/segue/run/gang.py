@@ -51,7 +51,7 @@ from typing import Any, cast
 from .. import _faults
 from .. import checkpoint as ckpt
 from ..checkpoint.format import MANIFEST_NAME
-from ..data.pool import LocalProcessPool, SubWorkerPool
+from ..data.pool import SubWorkerPool, default_pool
 from ..errors import CheckpointCorruptError, SegueError
 from ..store.base import Store
 from .context import StepContext
@@ -83,8 +83,9 @@ class RankRecipe:
     step: str
     epoch: int
     world_size: int
-    master_port: int  # torch.distributed's rendezvous on 127.0.0.1
+    master_port: int  # torch.distributed's rendezvous at master_addr
     distributed: str | None
+    master_addr: str = "127.0.0.1"  # on Ray: rank 0's node (executor.ray_pool sets it)
 
 
 @dataclass
@@ -123,7 +124,8 @@ class Gang:
         self.ctx, self.store, self.storage, self.home = ctx, store, storage, home
         self.n = ctx.spec.world_size
         self.devices = devices or []
-        self.pool = pool or LocalProcessPool(target=rank_main, noun="rank")
+        self.pool = pool or default_pool("rank", target=rank_main, resources=ctx.spec.resources,
+                                         gang=self.n)
         self.timeout = float(os.environ.get(VOTE_TIMEOUT_ENV, VOTE_TIMEOUT_S))
         self._shards: list[str] | None = None  # chosen at the first restore
         self._chosen = False

@@ -124,7 +124,7 @@ class RankContext(StepContext):
 def _join_process_group(backend: str, rank: int, recipe: RankRecipe) -> Callable[[], None]:
     import torch.distributed as dist
 
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{recipe.master_port}", rank=rank,
+    dist.init_process_group(backend, init_method=f"tcp://{recipe.master_addr}:{recipe.master_port}", rank=rank,
                             world_size=recipe.world_size, timeout=timedelta(seconds=120))
     return dist.destroy_process_group
 
@@ -138,7 +138,7 @@ def main(conn: Connection, parent_pid: int, rank: int, recipe: RankRecipe,
     if devices:  # before anything imports a framework: CUDA reads it once
         os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["SEGUE_DEVICES"] = ",".join(map(str, devices))
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(recipe.world_size),
-                       "LOCAL_WORLD_SIZE": str(recipe.world_size), "MASTER_ADDR": "127.0.0.1",
+                       "LOCAL_WORLD_SIZE": str(recipe.world_size), "MASTER_ADDR": recipe.master_addr,
                        "MASTER_PORT": str(recipe.master_port)})
     _faults.set_role(f"rank{rank}", recipe.epoch)
     leave: Callable[[], None] | None = None

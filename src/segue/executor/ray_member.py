@@ -1,0 +1,127 @@
+"""A member of a step on Ray: a data step's sub-worker or a gang's rank, on any node.
+
+:class:`MemberActor` (one per member, placed by Ray) starts this module as its
+child process, which dials the coordinator back over TCP
+(``multiprocessing.connection`` with a per-attempt secret key: only a process
+given the key can talk to the coordinator, so nothing unauthenticated is ever
+unpickled), says which member it is, receives its recipe and then runs the
+ordinary local entry point (``segue.data.subworker.main`` or
+``segue.run.gang_rank.main``) over that connection, exactly as a local
+sub-worker does over its pipe. It dies with its actor (``PR_SET_PDEATHSIG``),
+and the actor with its owner, the step's worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from multiprocessing.connection import Client
+from typing import Any
+
+from .ray_node import _scratch, node_home, place_flow
+
+# What a member runs, by name (the child imports only the one it needs).
+TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+class MemberActor:
+    """Supervises one member process on its node (declared remote by executor.ray_pool)."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+
+    def run(self, *, address: tuple[str, int], key: bytes, index: int, kind: str,
+            env: dict[str, str], flow: dict[str, bytes], flow_name: str) -> int:
+        """Start the member, wait for it, and return its exit code."""
+        import ray
+
+        flow_file = place_flow(flow, flow_name)
+        gpus = [str(g) for g in ray.get_gpu_ids()]
+        child_env = dict(os.environ)
+        child_env.update(env)
+        child_env.update({
+            # Ray chose the devices: the member sees exactly those.
+            "CUDA_VISIBLE_DEVICES": ",".join(gpus), "SEGUE_DEVICES": ",".join(gpus),
+            "SEGUE_FLOW_FILE": str(flow_file), "PYTHONUNBUFFERED": "1",
+            "SEGUE_MEMBER_ADDRESS": f"{address[0]}:{address[1]}", "SEGUE_MEMBER_KEY": key.hex(),
+            "SEGUE_MEMBER_INDEX": str(index), "SEGUE_MEMBER_KIND": kind,
+            "SEGUE_MEMBER_PARENT": str(os.getpid()),
+            "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address(),
+            "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id(),
+        })
+        log = _scratch() / "logs" / f"member-{os.getpid()}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "wb") as out, self._lock:
+            self._proc = subprocess.Popen([sys.executable, "-m", "segue.executor.ray_member"],
+                                          stdout=out, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, env=child_env,
+                                          start_new_session=True)
+        code = self._proc.wait()
+        with contextlib.suppress(OSError):
+            log.unlink()
+        return code
+
+    def signal(self, signum: int) -> None:
+        with self._lock:
+            proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.Signals(signum))
+
+
+def _localise(recipe: Any) -> Any:
+    """The recipe as this node sees it: its flow copy, and a home it can reach."""
+    changes: dict[str, Any] = {}
+    names = {f.name for f in dataclasses.fields(recipe)}
+    if "flow_path" in names and recipe.flow_path:
+        changes["flow_path"] = os.environ["SEGUE_FLOW_FILE"]
+    if "home" in names:
+        where = node_home(recipe.home, dict(os.environ))
+        if isinstance(where, str):
+            raise RuntimeError(where)
+        changes["home"] = str(where)
+    return dataclasses.replace(recipe, **changes) if changes else recipe
+
+
+def main() -> None:
+    """The member process: dial the coordinator, get the recipe, run the entry point."""
+    host, _, port = os.environ["SEGUE_MEMBER_ADDRESS"].rpartition(":")
+    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("SEGUE_MEMBER_KEY")))
+    index = int(os.environ["SEGUE_MEMBER_INDEX"])
+    # Where this member is; a rank 0 also offers the gang's torch.distributed rendezvous.
+    conn.send(("hello", index, os.environ["SEGUE_MEMBER_NODE"], _free_port(),
+               os.environ["SEGUE_RAY_NODE_ID"]))
+    msg = conn.recv()
+    if msg[0] != "recipe":
+        return
+    _, recipe, devices = msg
+    module, name = TARGETS[os.environ["SEGUE_MEMBER_KIND"]]
+    try:
+        recipe = _localise(recipe)
+    except Exception as exc:  # noqa: BLE001 - reported as the member's error, as its entry point does
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    import importlib
+
+    entry = getattr(importlib.import_module(module), name)
+    entry(conn, int(os.environ["SEGUE_MEMBER_PARENT"]), index, recipe, devices)
+
+
+if __name__ == "__main__":
+    main()
+    sys.stdout.flush()
+    os._exit(0)
+
