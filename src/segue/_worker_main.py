@@ -8,6 +8,12 @@ imports (the checkpoint writer, NumPy) that they never use.
 """
 
 if __name__ == "__main__":
+    import signal
+
+    # Until the worker installs its handlers: a pause or "checkpoint now" that
+    # arrives while it imports must not end it (their default action does).
+    for _sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(_sig, signal.SIG_IGN)
     from segue.run.worker import main
 
     main()

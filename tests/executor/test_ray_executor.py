@@ -318,3 +318,22 @@ def test_on_postgres_and_s3_a_node_needs_no_shared_disk_and_survives_its_loss(
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="segue/runs/pgs3/")["Contents"]]
     assert any("/count/ckpt/" in k for k in keys) and any("/report/output-" in k for k in keys), keys
     assert not (Home.resolve(segue.home).data_dir / "runs").exists()
+
+
+def test_ckpt_now_reaches_a_worker_on_a_ray_node_through_its_actor(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    segue("run", str(FLOWS / "ondemand.py"), "--run-id", "od", "--detach", "-p", f"gate={gate}",
+          *on_ray(cluster), check=True)
+    store = store_of(segue)
+    wait_for(lambda: (store.get_task("od", "loop").progress_done or 0) > 0, 60, "the step running")
+    assert store.list_checkpoints("od", "loop") == []  # an hour's interval: none of its own
+    proc = segue("ckpt", "now", "od")
+    assert proc.returncode == 0 and "asked loop to checkpoint now" in proc.stdout, proc.stderr
+    wait_for(lambda: len(store.list_checkpoints("od", "loop")) == 1, 60, "the asked-for checkpoint")
+    gate.touch()
+    segue.wait_state("od", {"SUCCEEDED"}, 60)
+    assert len(store.list_checkpoints("od", "loop")) == 1
+    proc = segue("ckpt", "now", "od")
+    assert proc.returncode == 2, proc.stderr
+    assert "run 'od' has no running task on its Ray cluster to checkpoint" in proc.stderr, proc.stderr

@@ -102,16 +102,27 @@ def _verify_run(home: Home, run_id: str) -> int:
 
 def _now(run_id: str, home: Home) -> int:
     store = home.open_store()
-    here = this_host()
-    asked = []
-    for t in store.get_tasks(run_id):
-        if t.state.value == "RUNNING" and t.pid and (t.host or here) == here:
-            try:
-                os.kill(t.pid, signal.SIGUSR2)
-                asked.append(t.step)
-            except ProcessLookupError:
-                pass
+    run = store.get_run(run_id)
+    running = [t for t in store.get_tasks(run_id) if t.state.value == "RUNNING"]
+    if run.options.get("executor") == "ray":  # the workers are on Ray nodes: ask their actors
+        from ..executor.ray import signal_attempt
+
+        address, where = str(run.options.get("ray_address") or ""), "on its Ray cluster"
+        asked = [t.step for t in running
+                 if signal_attempt(address, home.root, run_id, t.step, t.epoch, signal.SIGUSR2)]
+    else:
+        here, where = this_host(), "on this host"
+        asked = [t.step for t in running if t.pid and (t.host or here) == here and _signal(t.pid)]
     if not asked:
-        raise UsageError(f"run {run_id!r} has no running task on this host to checkpoint")
+        raise UsageError(f"run {run_id!r} has no running task {where} to checkpoint")
     print(f"asked {', '.join(asked)} to checkpoint now")
     return 0
+
+
+def _signal(pid: int) -> bool:
+    """SIGUSR2 ("checkpoint now") to a local worker; False if it is gone."""
+    try:
+        os.kill(pid, signal.SIGUSR2)
+    except ProcessLookupError:
+        return False
+    return True

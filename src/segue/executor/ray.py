@@ -152,6 +152,26 @@ def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
     return {k: v for k, v in env.items() if k in names or (k.startswith("SEGUE_") and k not in _LOCAL)}
 
 
+def actor_name(home: str | Path, run_id: str, step: str, epoch: int) -> str:
+    """The attempt's actor's name in the "segue" namespace, unique per home, run,
+    step and epoch: how another process (``segue ckpt now``) reaches it."""
+    import hashlib
+
+    key = hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:12]
+    return f"segue-{key}-{run_id}-{step}-e{epoch}"
+
+
+def signal_attempt(address: str, home: str | Path, run_id: str, step: str, epoch: int,
+                   sig: signal.Signals) -> bool:
+    """Signal a running attempt's worker through its actor; False if it is not running."""
+    ray = connect(address)
+    try:
+        actor = ray.get_actor(actor_name(home, run_id, step, epoch), namespace="segue")
+    except ValueError:  # no such actor (any more)
+        return False
+    return bool(ray.get(actor.signal.remote(int(sig)), timeout=30))
+
+
 class RayHandle(WorkerHandle):
     """A started attempt on Ray: polls the actor's ``run`` and streams its output home."""
 
@@ -291,6 +311,7 @@ class RayExecutor(Executor):
 
         bundle = flow_bundle(spec.flow_path)
         opts = actor_options(spec.resources, spec.world_size)
+        opts.update(name=actor_name(spec.home, spec.run_id, spec.step, spec.epoch), namespace="segue")
         actor = cls.options(**opts).remote()
         ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
                                epoch=spec.epoch, env=env, flow=bundle,
