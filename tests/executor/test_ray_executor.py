@@ -51,6 +51,18 @@ def cluster() -> Any:
     c.shutdown()
 
 
+def explain(segue: Segue, run: str, pred: Any, timeout: float, what: str) -> Any:
+    """wait_for, and on a timeout say what the run and the cluster were doing."""
+    try:
+        return wait_for(pred, timeout, what)
+    except AssertionError:
+        logs = segue("logs", run).stdout
+        raise AssertionError(
+            f"timed out after {timeout}s waiting for {what}\nevents:\n{segue('events', run).stdout}\n"
+            f"logs:\n{logs[-3000:]}\nRay available: {ray.available_resources()}\n"
+            f"Ray total: {ray.cluster_resources()}") from None
+
+
 def on_ray(cluster: Any) -> tuple[str, ...]:
     return ("--executor", "ray", "--ray-address", cluster.address)
 
@@ -141,13 +153,13 @@ def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
         segue("run", str(FLOWS / "counter.py"), "--run-id", run, "--detach", "-p", "n=200",
               "-p", f"hold={gate}", *on_ray(cluster), env=QUICK, check=True)
         k = rng.randint(1, 4)
-        wait_for(lambda: committed(store, run, "count", 1, k), 120,
-                 f"{run}: checkpoint {k} of the first attempt (seed {seed})")
+        explain(segue, run, lambda: committed(store, run, "count", 1, k), 120,
+                f"{run}: checkpoint {k} of the first attempt (seed {seed})")
         time.sleep(rng.uniform(0, 0.2))
         lost = node_of(segue, run, "count", 1)
         lose_node(cluster, lost)
         # The next attempt restored and committed on a live node.
-        wait_for(lambda: committed(store, run, "count", 2), 120, f"{run}: a checkpoint of attempt 2")
+        explain(segue, run, lambda: committed(store, run, "count", 2), 120, f"{run}: a checkpoint of attempt 2")
         assert node_of(segue, run, "count", 2) != lost
         gate.touch()
         segue.wait_state(run, {"SUCCEEDED"}, 120)
@@ -185,13 +197,13 @@ def test_node_loss_of_a_data_step_and_of_its_sub_worker_keep_the_output_exactly_
           *on_ray(cluster), check=True)
     store = store_of(segue)
     # 1. The node of the step's worker (the coordinator).
-    wait_for(lambda: committed(store, "par", "upper", 1), 120, "a checkpoint of the first attempt")
+    explain(segue, "par", lambda: committed(store, "par", "upper", 1), 120, "a checkpoint of the first attempt")
     subs = members_of(segue, "par", "upper", 1, "sub-worker", 2)
     assert len(set(subs.values())) == 2, subs  # one CPU a node: two nodes
     lost = node_of(segue, "par", "upper", 1)
     lose_node(cluster, lost)
     # 2. Once the next attempt committed: the node of a sub-worker the coordinator is not on.
-    wait_for(lambda: committed(store, "par", "upper", 2), 120, "a checkpoint of the second attempt")
+    explain(segue, "par", lambda: committed(store, "par", "upper", 2), 120, "a checkpoint of the second attempt")
     coordinator = node_of(segue, "par", "upper", 2)
     assert coordinator != lost
     subs = members_of(segue, "par", "upper", 2, "sub-worker", 2)
@@ -228,15 +240,13 @@ def test_ddp_gang_on_two_nodes_survives_node_loss_rank_kills_and_a_pause_bit_ide
     segue("run", ddp, "--run-id", "hit", "--detach", *train, "-p", f"gate={gate}",
           "-p", "hold=44", *on_ray(cluster), env=faults, check=True)
     store = store_of(segue)
-    wait_for(lambda: committed(store, "hit", "train", 1, 2), 180, "two checkpoints of the first attempt")
+    explain(segue, "hit", lambda: committed(store, "hit", "train", 1, 2), 180,
+            "two checkpoints of the first attempt")
     ranks = members_of(segue, "hit", "train", 1, "rank", 2)
     assert len(set(ranks.values())) == 2, ranks  # the gang spans two nodes
     lose_node(cluster, ranks[1])
-    try:
-        wait_for(lambda: (store.get_task("hit", "train").progress_done or 0) >= 44
-                 and store.get_task("hit", "train").epoch >= 4, 240, "the fourth attempt at its gate")
-    except AssertionError:
-        raise AssertionError(f"{segue('events', 'hit').stdout}\n{segue('logs', 'hit').stdout[-2500:]}") from None
+    explain(segue, "hit", lambda: (store.get_task("hit", "train").progress_done or 0) >= 44
+            and store.get_task("hit", "train").epoch >= 4, 240, "the fourth attempt at its gate")
     assert segue("pause", "hit", "--wait", "--timeout", "60").returncode == 0
     gate.touch()
     assert segue("resume", "hit", env=QUICK).returncode == 0
@@ -301,7 +311,8 @@ def test_on_postgres_and_s3_a_node_needs_no_shared_disk_and_survives_its_loss(
     segue("run", counter, "--run-id", "pgs3", "--detach", "-p", "n=200", "-p", f"hold={gate}",
           "--checkpoints", f"s3://{bucket}/segue", *on_ray(cluster), check=True)
     store = store_of(segue)
-    wait_for(lambda: committed(store, "pgs3", "count", 1, 2), 120, "two checkpoints of the first attempt")
+    explain(segue, "pgs3", lambda: committed(store, "pgs3", "count", 1, 2), 120,
+            "two checkpoints of the first attempt")
     lost = node_of(segue, "pgs3", "count", 1)
     lose_node(cluster, lost)
     wait_for(lambda: committed(store, "pgs3", "count", 2), 120, "a checkpoint of attempt 2")
@@ -326,7 +337,8 @@ def test_ckpt_now_reaches_a_worker_on_a_ray_node_through_its_actor(
     segue("run", str(FLOWS / "ondemand.py"), "--run-id", "od", "--detach", "-p", f"gate={gate}",
           *on_ray(cluster), check=True)
     store = store_of(segue)
-    wait_for(lambda: (store.get_task("od", "loop").progress_done or 0) > 0, 60, "the step running")
+    explain(segue, "od", lambda: (store.get_task("od", "loop").progress_done or 0) > 0, 120,
+            "the step running")
     assert store.list_checkpoints("od", "loop") == []  # an hour's interval: none of its own
     proc = segue("ckpt", "now", "od")
     assert proc.returncode == 0 and "asked loop to checkpoint now" in proc.stdout, proc.stderr

@@ -24,7 +24,7 @@ import threading
 from multiprocessing.connection import Client
 from typing import Any
 
-from .ray_node import _scratch, node_home, place_flow
+from .ray_node import _scratch, child_environment, node_home, place_flow
 
 # What a member runs, by name (the child imports only the one it needs).
 TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
@@ -50,8 +50,7 @@ class MemberActor:
 
         flow_file = place_flow(flow, flow_name)
         gpus = [str(g) for g in ray.get_gpu_ids()]
-        child_env = dict(os.environ)
-        child_env.update(env)
+        child_env = child_environment(env)
         child_env.update({
             # Ray chose the devices: the member sees exactly those.
             "CUDA_VISIBLE_DEVICES": ",".join(gpus), "SEGUE_DEVICES": ",".join(gpus),

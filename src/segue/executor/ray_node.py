@@ -86,6 +86,14 @@ def place_flow(bundle: dict[str, bytes], name: str) -> Path:
     return d / (Path(name).name or "flow.py")
 
 
+def child_environment(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a process this node starts for segue: the node's own, but
+    segue's settings only as the controller sent them (a ``SEGUE_STORE`` that the
+    node's Ray happened to start with must not point a run at another store)."""
+    ambient = {k: v for k, v in os.environ.items() if not k.startswith("SEGUE_")}
+    return {**ambient, **env}
+
+
 def node_home(home: str, env: dict[str, str]) -> Path | str:
     """The segue home a worker on this node uses, or one line on why there is none.
 
@@ -145,8 +153,7 @@ class AttemptActor:
         # Its own file (a run id and epoch may recur across homes and sessions).
         self._log = log_dir / f"{step}.e{epoch}.{uuid.uuid4().hex[:12]}.log"
         gpus = [str(g) for g in ray.get_gpu_ids()]
-        child_env = dict(os.environ)
-        child_env.update(env)
+        child_env = child_environment(env)
         # Ray chose the devices: the worker sees exactly those.
         child_env["CUDA_VISIBLE_DEVICES"] = child_env["SEGUE_DEVICES"] = ",".join(gpus)
         child_env["SEGUE_FLOW_FILE"] = str(flow_file)

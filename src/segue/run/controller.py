@@ -37,6 +37,9 @@ from .recovery import describe_exit, reclaim_orphan
 from .storage_check import shared_storage
 
 log = logging.getLogger("segue.controller")
+# How long a worker an executor started elsewhere (Ray) may take to record its pid
+# before its lapsed lease counts as a hang: a busy node starts Python slowly.
+WORKER_START_S = 300.0
 
 TICK_S = 0.05
 STORE_WAIT_S = 600.0
@@ -559,9 +562,13 @@ class Controller:
             t = by_step[step]
             if code is None:
                 # Hung attempt: alive but its heartbeat stopped renewing the lease.
+                # Not yet running (queued by Ray), or its worker not yet started on a node
+                # (it records its own pid first): it cannot have renewed its lease yet.
+                starting = (a.handle.pid is None and t.pid is None
+                            and time.monotonic() - a.started < WORKER_START_S)
                 if (t.state == TaskState.RUNNING and t.epoch == a.epoch and t.lease_until
                         and t.lease_until < now and a.killed_for is None
-                        and not a.handle.waiting()):  # queued by Ray: it never ran to renew
+                        and not a.handle.waiting() and not starting):
                     a.killed_for = "lease"
                     a.handle.kill()
                 continue
