@@ -113,10 +113,14 @@ def failures(segue: Segue, run: str) -> list[str]:
             if e["actor"] == "failure-detector" and e["kind"] == "task"]
 
 
-def lost_attempts(segue: Segue, run: str) -> list[dict[str, Any]]:
-    """The store's record of attempts whose actor died with its node."""
-    return [e for e in segue.events(run) if e["kind"] == "task"
-            and "the Ray actor of this attempt died" in e["reason"]]
+# How the controller learns that an attempt was lost with its node: Ray reports its
+# actor dead, or (a loaded machine, where Ray's notice is slower) its lease lapses first.
+LOST = ("the Ray actor of this attempt died", "stopped heartbeating (lease expired)")
+
+
+def lost_attempts(segue: Segue, run: str) -> list[str]:
+    """The store's record of attempts lost with their node (one failure each)."""
+    return [f for f in failures(segue, run) if any(w in f for w in LOST)]
 
 
 def store_of(segue: Segue) -> Any:
@@ -164,7 +168,7 @@ def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
         gate.touch()
         segue.wait_state(run, {"SUCCEEDED"}, 120)
         same_counter(segue, run, ref)
-        assert len(lost_attempts(segue, run)) == 1, segue.events(run)
+        assert len(lost_attempts(segue, run)) == 1, failures(segue, run)
         landed += 1
         # Completed steps are never re-run: the report step ran once, after the loss.
         assert store.get_task(run, "report").attempts == 1
@@ -215,7 +219,7 @@ def test_node_loss_of_a_data_step_and_of_its_sub_worker_keep_the_output_exactly_
     check_exactly_once(read_output("jsonl", out), n, clean)
     fails = failures(segue, "par")
     assert len(fails) == 2, fails  # each loss landed once and cost its attempt
-    assert "the Ray actor of this attempt died" in fails[0], fails
+    assert any(w in fails[0] for w in LOST), fails
     assert "sub-worker" in fails[1] and "Ray actor" in fails[1], fails
 
 
@@ -320,7 +324,7 @@ def test_on_postgres_and_s3_a_node_needs_no_shared_disk_and_survives_its_loss(
     gate.touch()
     segue.wait_state("pgs3", {"SUCCEEDED"}, 120)
     same_counter(segue, "pgs3", counter_ref(200))
-    assert len(lost_attempts(segue, "pgs3")) == 1
+    assert len(lost_attempts(segue, "pgs3")) == 1, failures(segue, "pgs3")
     # The checkpoints and outputs are in the bucket; none on the controller's disk.
     import boto3
 
