@@ -24,7 +24,6 @@ segue's pool.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -183,18 +182,15 @@ class RayHandle(WorkerHandle):
         self._next_read = 0.0
         self._code: int | None = None
         self._killed = False
-        self._placed = actor.node.remote()  # answers once Ray placed the actor on a node
-        self.node: dict[str, Any] | None = None
+        self._placed: Any = actor.node.remote()  # answers once Ray placed the actor on a node
 
     def waiting(self) -> bool:
         """True while Ray has not placed the actor yet (the cluster is busy)."""
-        if self.node is None and self._code is None:
+        if self._placed is not None and self._code is None:
             ready, _ = self._ray.wait([self._placed], timeout=0)
             if not ready:
                 return True
-            with contextlib.suppress(Exception):
-                self.node = self._ray.get(self._placed)
-            self.node = self.node or {}
+            self._placed = None
         return False
 
     # -- output ------------------------------------------------------------------
@@ -261,15 +257,10 @@ class RayHandle(WorkerHandle):
     def _report(self, doc: dict[str, Any]) -> None:
         """Hand the exit report to the controller where a local worker leaves it."""
         from ..home import Home
-        from ..run.exits import exit_report_path
+        from ..run.exits import exit_report_path, write_exit_report
 
-        path = exit_report_path(Home(Path(self._spec.home)), self._spec.run_id, self._spec.step,
-                                self._spec.epoch)
-        with contextlib.suppress(OSError):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(doc))
-            tmp.replace(path)
+        write_exit_report(exit_report_path(Home(Path(self._spec.home)), self._spec.run_id,
+                                           self._spec.step, self._spec.epoch), doc)
 
     def signal(self, sig: signal.Signals) -> None:
         if self._code is not None:

@@ -114,6 +114,7 @@ class Controller:
         self._disk_full: str | None = None  # an attempt's disk-full error: the run pauses
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
+        self.flow_path = run.flow_path  # an executor that places attempts elsewhere ships it
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
         pool = open_pool(self.pool_path or pool_path(self.home.root), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
@@ -537,7 +538,7 @@ class Controller:
             env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices,
                  "SEGUE_POOL": str(self.sched.pool.path), "SEGUE_POOL_HOME": self.sched.home,
                  "SEGUE_HOST": self.sched.host},
-            flow_path=self.store.get_run(self.run_id).flow_path,
+            flow_path=self.flow_path,
             resources=self.steps[step].resources, world_size=self.steps[step].world_size,
         ))
         self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())

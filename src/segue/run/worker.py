@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import json
 import logging
 import os
 import signal
@@ -21,7 +20,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import _faults
@@ -35,7 +33,15 @@ from ..hostname import this_host
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
-from .exits import EXIT_FAILED, EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED, exit_report_path
+from .exits import (
+    EXIT_FAILED,
+    EXIT_FENCED,
+    EXIT_OK,
+    EXIT_ORPHANED,
+    EXIT_PARKED,
+    exit_report_path,
+    write_exit_report,
+)
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
 
 log = logging.getLogger("segue.worker")
@@ -92,16 +98,6 @@ class Heartbeat(threading.Thread):
                 os._exit(EXIT_FENCED)
             except Exception as exc:  # a busy database must not kill the step
                 log.warning("heartbeat failed: %s", exc)
-
-
-def _write_exit_report(path: Path, error: str, tb: str, retryable: bool) -> None:
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(json.dumps({"error": error, "traceback": tb, "retryable": retryable}))
-        os.replace(tmp, path)
-    except OSError:  # a full disk: the exit code still tells the controller
-        with contextlib.suppress(OSError):
-            tmp.unlink()
 
 
 def flow_file(run: Any) -> str:
@@ -219,8 +215,8 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         retryable = not isinstance(exc, NoValidCheckpointError) and getattr(
             exc, "segue_retryable", True)
         error = describe_error(exc, home, run_id)
-        _write_exit_report(exit_report_path(home, run_id, step, epoch), error,
-                           traceback.format_exc(), retryable)
+        write_exit_report(exit_report_path(home, run_id, step, epoch),
+                          {"error": error, "traceback": traceback.format_exc(), "retryable": retryable})
         with contextlib.suppress(OSError):  # the log is on the same (maybe full) disk
             traceback.print_exc()
         if is_disk_full(exc):
