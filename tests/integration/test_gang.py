@@ -7,7 +7,6 @@ run ends exactly as an uninterrupted one.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -16,60 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from gangkit import GANG, PHASES, QUICK, N, check_output, check_torn, failures
+from gangkit import open_run as _open
 from segue_helpers import FLOWS, Segue, wait_for
 
 from segue import checkpoint as ckpt
-from segue.home import Home
-
-GANG = str(FLOWS / "gang.py")
-_spec = importlib.util.spec_from_file_location("_gangflow", GANG)
-assert _spec is not None and _spec.loader is not None
-_gang = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_gang)
-QUICK = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
-N = 40
-
-
-def _open(segue: Segue, run: str) -> tuple[Any, Any]:
-    home = Home.resolve(segue.home)
-    store = home.open_store()
-    return store, home.run_storage(store.get_run(run))
-
-
-def check_whole(segue: Segue, run: str) -> list[dict[str, Any]]:
-    """Every committed checkpoint is whole: its gang manifest names both ranks' shards,
-    each verifies, matches the hash its rank voted, and both stopped at the same step.
-    Returns the newest one's rank states."""
-    from segue.run.gang import manifest_digest
-
-    store, storage = _open(segue, run)
-    committed = store.list_checkpoints(run, "train")
-    assert committed, "no committed checkpoint"
-    newest: list[dict[str, Any]] = []
-    for c in committed:
-        gang = ckpt.load(storage, c.path).state["state"]["gang"]
-        assert gang["world_size"] == 2 and [r["rank"] for r in gang["ranks"]] == [0, 1]
-        states = []
-        for r in gang["ranks"]:
-            assert r["path"] == f"{c.path}/rank-{r['rank']}"
-            assert manifest_digest(storage, r["path"])[0] == r["manifest_sha256"]
-            states.append(ckpt.load(storage, r["path"]).state["state"])
-        assert states[0]["i"] == states[1]["i"] == c.position["ranks"][0]["i"], (c.seq, states)
-        newest = newest or states
-    return newest
-
-
-def check_output(segue: Segue, run: str) -> None:
-    out = segue.output(run, "train")
-    assert out == {"i": N, "acc": _gang.expected_acc(0, N), "rank": 0, "world_size": 2}
-    last = check_whole(segue, run)
-    for rank, state in enumerate(last):  # rank 1's work too: nothing lost or repeated
-        assert state["i"] == N and state["acc"] == _gang.expected_acc(rank, N), rank
-
-
-def failures(segue: Segue, run: str) -> list[str]:
-    return [e["reason"] for e in segue.events(run)
-            if e["actor"] == "failure-detector" and e["kind"] == "task"]
 
 
 def test_a_gang_step_runs_its_ranks_and_commits_every_checkpoint_whole(segue: Segue) -> None:
@@ -82,45 +32,13 @@ def test_a_gang_step_runs_its_ranks_and_commits_every_checkpoint_whole(segue: Se
     assert task.attempts == 1 and task.progress_done == N
 
 
-# Every phase of a gang checkpoint's commit, at its third checkpoint (seq 3), in the
-# first attempt only: (fault, the process it kills, is seq 3 committed afterwards?).
-PHASES = [
-    ("gang.before_vote:kill:3", "rank1", False),  # rank 1's shard is written, not voted
-    ("gang.after_vote:kill:3", "rank1", None),  # voted: the commit may or may not win the race
-    ("gang.before_manifest:kill:3", "worker", False),  # every vote in, no gang manifest
-    ("gang.before_commit:kill:3", "worker", False),  # gang manifest durable, no store record
-    ("ctx.after_commit:kill:3", "worker", True),  # committed; the ranks were never told
-]
-
-
 @pytest.mark.parametrize(("fault", "role", "committed"), PHASES, ids=[p[0].split(":")[0] for p in PHASES])
 def test_kill_at_each_phase_of_a_gang_checkpoint(segue: Segue, fault: str, role: str,
                                                  committed: bool | None) -> None:
     env = {**QUICK, "SEGUE_FAULTS": fault, "SEGUE_FAULTS_IN": role, "SEGUE_FAULTS_EPOCHS": "1"}
     proc = segue("run", GANG, "--run-id", "torn", "-p", f"n={N}", "-p", "sleep=0.002", env=env)
     assert proc.returncode == 0, proc.stderr
-    # The kill landed: the first attempt died of it, the second finished.
-    store, storage = _open(segue, "torn")
-    assert store.get_task("torn", "train").attempts == 2
-    [why] = failures(segue, "torn")
-    if role == "rank1":
-        assert "rank 1" in why and "exit code -9" in why, why
-    else:
-        assert "killed by SIGKILL" in why, why
-    everything = store.list_checkpoints("torn", "train", statuses=("committed", "pruned", "quarantined"))
-    by_seq = {c.seq: c for c in everything}
-    # The retry restored the newest committed checkpoint of the first attempt, and said so.
-    first = max(c.seq for c in everything if c.epoch == 1)
-    assert first in ((3,) if committed else (2,) if committed is False else (2, 3)), sorted(by_seq)
-    restored = [e for e in store.list_events("torn") if e.kind == "task" and e.step == "train"
-                and e.to_state == "RUNNING"]
-    assert len(restored) == 2
-    # Seq 3 of the first attempt: whole and committed, or never there at all.
-    torn = f"runs/torn/train/ckpt/{3:08d}-e1"
-    if 3 not in by_seq or by_seq[3].epoch != 1:
-        assert not storage.exists(f"{torn}/MANIFEST.json") and not storage.listdir(torn), \
-            "an uncommitted gang checkpoint was left behind"
-    check_output(segue, "torn")
+    check_torn(segue, "torn", fault, role, committed)
 
 
 def test_a_corrupt_rank_shard_falls_back_to_the_previous_checkpoint_visibly(
@@ -182,13 +100,48 @@ def test_resuming_with_another_world_size_is_refused_clearly(segue: Segue, tmp_p
     segue.wait_state("n", {"PAUSED"}, 60)
     gate.touch()
     proc = segue("resume", "n", env={**QUICK, "GANG_N": "3"})
-    assert proc.returncode == 1 and "world_size=3 but its last checkpoint was written by 2 ranks" in proc.stdout, \
-        proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "world_size=3 but its last checkpoint was written by 2 ranks and is " \
+        "not replicated" in proc.stdout, proc.stdout + proc.stderr
     assert store.get_run("n").state.value == "FAILED"
     t = store.get_task("n", "train")
     assert t.attempts == 2  # not retried: retrying cannot help
     assert "world_size=3 but its last checkpoint was written by 2 ranks" in (t.error or ""), t.error
-    assert "--restart-step train" in (t.error or "")
+    assert "--restart-step train" in (t.error or "") and "replicated=True" in (t.error or "")
+
+
+def test_a_replicated_ddp_gang_resumes_on_three_ranks_with_every_record_once(
+        segue: Segue, tmp_path: Path) -> None:
+    """Paused on two ranks at global batch 3 (24 of 48 records), resumed on three: every
+    rank restores rank 0's state, the sampler goes on from record 24 in blocks of
+    three ranks, and each epoch sees every record exactly once."""
+    pytest.importorskip("torch", reason="the DDP test needs torch: pip install torch")
+    flow, gate = str(FLOWS / "ddp_reshard.py"), tmp_path / "gate"
+    segue("run", flow, "--run-id", "rs", "--detach", "-p", f"gate={gate}", "-p", "hold=3",
+          env={**QUICK, "GANG_N": "2"}, check=True)
+    store, storage = _open(segue, "rs")
+    wait_for(lambda: (store.get_task("rs", "train").progress_done or 0) >= 3, 120, "the gang at its gate")
+    assert segue("pause", "rs").returncode == 0
+    segue.wait_state("rs", {"PAUSED"}, 60)
+    parked = store.list_checkpoints("rs", "train")[0]
+    assert [r["offset"] for r in parked.position["ranks"]] == [24, 24], parked.position
+    gang = ckpt.load(storage, parked.path).state["state"]["gang"]
+    assert gang["replicated"] is True and gang["world_size"] == 2
+    # Rank 0 alone wrote the replicated state; rank 1's shard holds its RNG only.
+    assert ckpt.load(storage, f"{parked.path}/rank-1").state["state"] is None
+    gate.touch()
+    assert segue("resume", "rs", env={**QUICK, "GANG_N": "3"}).returncode == 0
+    segue.wait_state("rs", {"SUCCEEDED"}, 180)
+    out = segue.output("rs", "train")
+    assert out["world_size"] == 3
+    assert [(b["epoch"], b["ranks"], len(b["records"])) for b in out["seen"]] == \
+        [(0, 2, 8)] * 3 + [(0, 3, 12)] * 2 + [(1, 3, 12)] * 4
+    for epoch in (0, 1):
+        records = [i for b in out["seen"] if b["epoch"] == epoch for i in b["records"]]
+        assert sorted(records) == list(range(48)), (epoch, records)  # none lost, none repeated
+    said = [e.reason for e in store.list_events("rs") if e.kind == "checkpoint"]
+    assert any("resharding the replicated checkpoint of gang step 'train' from 2 to 3 ranks" in r
+               for r in said), said
+    assert not failures(segue, "rs")
 
 
 @pytest.mark.parametrize(("kwargs", "says"), [

@@ -351,7 +351,8 @@ class LocalClient(BaseClient):
     def pools(self) -> list[PoolView]:
         """Every host of the pool, this host first: on a cluster-wide pool (a PostgreSQL
         store's) every host an agent or a ``segue pool set`` registered; on a machine's
-        pool, this host alone. Only this host's driver is asked about processes."""
+        pool, this host; on either, each Ray cluster whose runs it queued (``ray:ADDRESS``).
+        Only this host's driver is asked about processes."""
         pool = self._open_pool()
         here = self.pool()
         return [here, *(self._pool_view(pool, hp) for hp in pool.list_hosts()

@@ -8,7 +8,8 @@
 
 Modules: ``sources/`` (what is read, and positions), ``sinks/`` (two-phase
 commit), ``operators`` (map, filter, flat_map, map_batches), ``pinning``
-(input snapshots), ``driver`` (the loop). See docs/data.md.
+(input snapshots), ``driver`` (the loop), ``ranked`` (a gang's ranks' data, with one
+global position that reshards). See docs/data.md.
 """
 
 from .driver import Limits, MapRun, run_map
@@ -21,6 +22,7 @@ from .errors import (
 )
 from .operators import KINDS, Operator, operator
 from .pinning import POLICIES
+from .ranked import GangReader, GangSampler
 from .sinks import ExternalCallSink, FileSink, JsonlSink, ParquetSink, Scope, Sink, SqlSink
 from .sources import (
     BadRecord,
@@ -44,6 +46,8 @@ __all__ = [
     "ExternalCallSink",
     "FileSink",
     "FileSource",
+    "GangReader",
+    "GangSampler",
     "InputChangedError",
     "JsonlSink",
     "JsonlSource",

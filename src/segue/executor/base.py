@@ -57,6 +57,23 @@ class WorkerHandle(ABC):
         self.signal(signal.SIGKILL)
 
 
+@dataclass(frozen=True)
+class PoolHost:
+    """A host of the device pool that an executor places attempts on (Executor.pool_host)."""
+
+    host: str  # its key in the pool
+    cpus: float
+    memory: int  # bytes
+    devices: list[tuple[str, int, bool]]  # (name, memory bytes, virtual) each
+    source: str  # how it was found ("ray")
+
+
 class Executor(ABC):
     @abstractmethod
     def launch(self, spec: Launch) -> WorkerHandle: ...
+
+    def pool_host(self) -> PoolHost | None:
+        """The pool host whose devices this executor's attempts use, when they are not
+        this machine's (Ray: the cluster's GPUs, one host of the pool). None: this
+        machine, whose devices the scheduler detects itself."""
+        return None

@@ -17,8 +17,12 @@ runs; its exit report comes back with its exit code.
 
 A data step's sub-workers and a gang's ranks are actors of their own
 (executor.ray_pool); the attempt's actor then holds only its CPUs. Not yet
-here (see docs/ray.md): elastic steps, and preemption between Ray runs by
-segue's pool.
+here (see docs/ray.md): elastic steps.
+
+The cluster's GPUs are one host of segue's device pool (:meth:`RayExecutor.pool_host`),
+so Ray runs queue and preempt one another by priority as local runs do: a
+preempted run pauses cooperatively, its actor is killed past the pause
+deadline, and Ray gives the freed GPU to the urgent run's actor.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..flow.model import Resources
-from .base import Executor, Launch, WorkerHandle
+from .base import Executor, Launch, PoolHost, WorkerHandle
 
 log = logging.getLogger("segue.executor.ray")
 
@@ -137,6 +141,24 @@ def check_fits(ray: Any, steps: dict[str, tuple[Resources, int]]) -> None:
             f"step {name!r} needs {want['CPU']:g} CPUs and {want['GPU']:g} GPUs on one Ray node, "
             f"but the largest node of the cluster has {most[0]:g} CPUs and {most[1]:g} GPUs; "
             "add a node that large or declare less")
+
+
+def cluster_pool_host(ray: Any) -> PoolHost:
+    """The cluster as one host of segue's device pool: named by its GCS address (every
+    controller that reaches the cluster, by any spelling of its address, names it
+    alike), with a device per whole GPU of its live nodes, named by the node's
+    accelerator type when Ray knows it. Ray chooses the physical GPU; the pool
+    decides who may hold how many of which type."""
+    devices: list[tuple[str, int, bool]] = []
+    nodes = sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"])
+    for node in nodes:
+        res = node["Resources"]
+        kind = next((k.partition(":")[2] for k in res if k.startswith("accelerator_type:")), "")
+        devices += [(kind or "ray-gpu", 0, False)] * int(res.get("GPU", 0))
+    return PoolHost(host=f"ray:{ray.get_runtime_context().gcs_address}",
+                    cpus=max(1.0, sum(n["Resources"].get("CPU", 0) for n in nodes)),
+                    memory=int(sum(n["Resources"].get("memory", 0) for n in nodes)),
+                    devices=devices, source="ray")
 
 
 def forwarded_env(environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -279,6 +301,9 @@ class RayExecutor(Executor):
     def __init__(self, address: str = "") -> None:
         self.address = address
         self._actor_cls: Any = None
+
+    def pool_host(self) -> PoolHost:
+        return cluster_pool_host(connect(self.address))
 
     def _remote(self) -> Any:
         if self._actor_cls is None:

@@ -104,6 +104,7 @@ class StepContext:
         self.epoch = epoch
         self.attempt = attempt
         self.rank, self.world_size = 0, 1  # a gang step's ranks each have their own (run/gang.py)
+        self.restored_seq: int | None = None  # the checkpoint restore_payload returned
         self.inputs: Mapping[str, Any] = _Inputs(spec.after, load_input)
         # The last progress the previous attempt reported: how far it got, which
         # may be past its last checkpoint (that difference is work done again).
@@ -221,6 +222,7 @@ class StepContext:
                 continue
             self._warn_bad(bad, f"using checkpoint {rec.seq} at {rec.path}", rec.seq, rec.path)
             self._interval.mark(None)
+            self.restored_seq = rec.seq
             return loaded.state
         if committed:
             self._warn_bad(bad, "no earlier checkpoint verifies", None, None)
@@ -254,7 +256,8 @@ class StepContext:
             )
             warnings.warn(reason, RuntimeWarning, stacklevel=3)
 
-    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
+    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False,
+                   replicated: bool = False) -> None:
         """Commit ``state``; then park if a pause was requested.
 
         Blocks only while the state is copied into host buffers; the write
@@ -267,7 +270,11 @@ class StepContext:
         its failure, if any). A step that publishes side effects covered by the
         checkpoint (an exactly-once sink's two-phase commit) must use it, so it
         never publishes ahead of the commit.
+
+        ``replicated`` matters to gang steps only (every rank holds the same state,
+        as with DDP: see run/gang.py); a step of one process ignores it.
         """
+        del replicated  # one process: its state is whole either way
         _faults.fault_point("ctx.before_checkpoint")
         t0 = time.perf_counter()  # the commit event records the save's duration (for /metrics)
         self._record_cost()

@@ -118,16 +118,17 @@ class Controller:
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
         pool = open_pool(self.pool_path or pool_path(self.home.root), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
+        # Ray: the cluster's GPUs are a host of the pool of their own.
+        cluster = self.executor.pool_host()
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),
-            run_id=self.run_id, steps=self.steps, host=self.host,
+            run_id=self.run_id, steps=self.steps, host=cluster.host if cluster else self.host,
+            machine=self.host, cluster_host=cluster,
             shared_storage=shared_storage(self.options.checkpoints),
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
             gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
             spawn=self._spawn_controller,
-            # Ray places attempts on its own nodes' resources: the host pool is not asked.
-            external=self.options.executor != "local",
         )
 
     def _spawn_controller(self, home: str, run_id: str) -> None:

@@ -5,10 +5,12 @@ lease and epoch, heartbeats, and runs no rank itself. It starts the N ranks
 behind the :class:`~segue.data.pool.SubWorkerPool` seam (local processes
 today) and speaks this protocol with each (rank -> coordinator, replies)::
 
-    restore                   -> restored SHARD|None  the shard of the checkpoint every rank resumes from
+    restore                   -> restored STATE RNG   the shards of the checkpoint a rank resumes from:
+                                                     its state's and its RNG's (None, None: a first start)
     round KIND STEPS          -> round DUE SEQ PATH PAUSE
                                  a collective: answered once every rank asked (KIND: due | checkpoint)
-    vote SEQ SHA NBYTES POS                          phase one: its shard is durable
+    vote SEQ SHA NBYTES POS REPL                     phase one: its shard is durable (REPL: its
+                                                     state is rank 0's, which alone wrote it)
                               -> committed SEQ PARK  phase two: every rank voted, the store recorded it
     progress DONE TOTAL                              rank 0's progress
     parked | done REF                                it parked after a commit | it returned
@@ -33,14 +35,23 @@ The two-phase commit of checkpoint SEQ at PATH:
 
 Restore takes the newest committed gang checkpoint whose gang manifest and
 every rank's shard verify (and match the hash that rank voted); a bad one is
-quarantined, with a warning naming the checkpoint used instead. A checkpoint
-written by another number of ranks is refused. Pauses are decided at a
-round, so every rank parks after the same committed checkpoint.
+quarantined, with a warning naming the checkpoint used instead. Pauses are
+decided at a round, so every rank parks after the same committed checkpoint.
+
+Replicated state (DDP: every rank holds the same weights and optimizer) is
+declared with ``ctx.checkpoint(state, replicated=True)`` on every rank: rank 0
+alone writes the state, each other rank only its RNG, and every rank restores
+rank 0's state. Such a checkpoint can be *resharded*: resumed by another number
+of ranks, each restoring rank 0's state (and its own old RNG, if it had a
+rank). Data positions kept in that state reshard with it when they are global
+(segue.data.GangSampler, GangReader). Any other checkpoint written by another
+number of ranks is refused, with what to do.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import socket
 import time
@@ -53,9 +64,12 @@ from .. import checkpoint as ckpt
 from ..checkpoint.format import MANIFEST_NAME
 from ..data.pool import SubWorkerPool, default_pool
 from ..errors import CheckpointCorruptError, SegueError
+from ..states import Actor
 from ..store.base import Store
 from .context import StepContext
 from .park import Park
+
+log = logging.getLogger("segue.gang")
 
 VOTE_TIMEOUT_ENV = "SEGUE_GANG_VOTE_TIMEOUT_S"
 VOTE_TIMEOUT_S = 600.0
@@ -96,7 +110,7 @@ class _Voting:
     park: bool
     deadline: float
     t0: float = field(default_factory=time.perf_counter)
-    votes: dict[int, tuple[str, int, Any]] = field(default_factory=dict)  # rank -> (sha, nbytes, position)
+    votes: dict[int, tuple[str, int, Any, bool]] = field(default_factory=dict)  # rank -> (sha, nbytes, position, replicated)
 
 
 def shard_path(path: str, rank: int) -> str:
@@ -128,6 +142,8 @@ class Gang:
                                          gang=self.n)
         self.timeout = float(os.environ.get(VOTE_TIMEOUT_ENV, VOTE_TIMEOUT_S))
         self._shards: list[str] | None = None  # chosen at the first restore
+        self._replicated = False  # ...and whether its state is rank 0's alone
+        self._swept: list[str] = []  # uncommitted checkpoints of earlier attempts, removed
         self._chosen = False
         self._rounds: dict[int, deque[tuple[str, int | None]]] = {r: deque() for r in range(self.n)}
         self._voting: _Voting | None = None
@@ -176,13 +192,13 @@ class Gang:
     def _on(self, rank: int, msg: tuple[Any, ...]) -> None:
         kind = msg[0]
         if kind == "restore":
-            self.pool.send(rank, ("restored", self._restore_choice(rank)))
+            self.pool.send(rank, ("restored", *self._restore_choice(rank)))
         elif kind == "round":
             self._rounds[rank].append((msg[1], msg[2]))
             if all(self._rounds.values()):
                 self._round([q.popleft() for _, q in sorted(self._rounds.items())])
         elif kind == "vote":
-            self._vote(rank, msg[1], msg[2], msg[3], msg[4])
+            self._vote(rank, msg[1], msg[2], msg[3], msg[4], bool(msg[5]))
         elif kind == "progress" and rank == 0:
             self.ctx.progress(msg[1], msg[2])
         elif kind == "parked":
@@ -193,25 +209,61 @@ class Gang:
             self.pool.leaving(rank)
 
     # -- restore ----------------------------------------------------------------------
-    def _restore_choice(self, rank: int) -> str | None:
+    def _restore_choice(self, rank: int) -> tuple[str | None, str | None]:
+        """(the shard whose state ``rank`` restores, the shard whose RNG it restores)."""
         if not self._chosen:
             payload = self.ctx.restore_payload(check=self._check)
             self._chosen = True
+            self._say_restored()
             if payload is not None:
-                self._shards = [r["path"] for r in payload["state"]["gang"]["ranks"]]
-        return None if self._shards is None else self._shards[rank]
+                gang = payload["state"]["gang"]
+                self._shards = [r["path"] for r in gang["ranks"]]
+                self._replicated = bool(gang.get("replicated"))
+                if len(self._shards) != self.n:
+                    self._say_resharded(gang)
+        if self._shards is None:
+            return None, None
+        rng = self._shards[rank] if rank < len(self._shards) else None
+        return (self._shards[0] if self._replicated else self._shards[rank]), rng
+
+    def _event(self, reason: str, **data: Any) -> None:
+        self.store.append_event(self.ctx.run_id, "checkpoint", actor=Actor.WORKER, step=self.ctx.step,
+                                reason=reason, data=data)
+
+    def _say_restored(self) -> None:
+        """On a retry, say which committed checkpoint the gang goes on from, and what
+        uncommitted one was left behind (the fallback must never be silent)."""
+        seq = self.ctx.restored_seq
+        if self.ctx.attempt <= 1 and not self._swept:
+            return
+        gone = f"; uncommitted checkpoint{'s' if len(self._swept) > 1 else ''} " \
+               f"{', '.join(self._swept)} removed" if self._swept else ""
+        self._event(f"gang step {self.ctx.step!r} resumes from committed checkpoint {seq}{gone}"
+                    if seq is not None else
+                    f"gang step {self.ctx.step!r} starts from the beginning: no checkpoint committed{gone}",
+                    restored_seq=seq, removed=self._swept)
+
+    def _say_resharded(self, gang: dict[str, Any]) -> None:
+        old = int(gang["world_size"])
+        reason = (f"resharding the replicated checkpoint of gang step {self.ctx.step!r} from {old} "
+                  f"to {self.n} ranks: every rank restores rank 0's state; "
+                  + (f"ranks {old}..{self.n - 1} had none, so their RNG starts as the step seeds it"
+                     if self.n > old else f"ranks {self.n}..{old - 1}'s RNG is dropped"))
+        self._event(reason, **{"from": old, "to": self.n})
 
     def _check(self, payload: Any) -> None:
         """Reject a gang checkpoint whose any rank's shard fails verification."""
         state = payload["state"]
         gang = state.get("gang") if isinstance(state, dict) else None  # None: a one-process step's
         n = 1 if gang is None else int(gang["world_size"])
-        if n != self.n:
+        if n != self.n and (gang is None or not gang.get("replicated")):
             raise GangError(
                 f"step {self.ctx.step!r} has world_size={self.n} but its last checkpoint was written "
-                f"by {n} rank{'s' if n > 1 else ''}, and segue cannot reshard a gang's state; declare "
-                f"world_size={n} again, or start the step over with "
-                f"`segue resume {self.ctx.run_id} --restart-step {self.ctx.step}`")
+                f"by {n} rank{'s' if n > 1 else ''} and is not replicated, so segue cannot reshard it; "
+                f"declare world_size={n} again, or start the step over with "
+                f"`segue resume {self.ctx.run_id} --restart-step {self.ctx.step}` (a gang whose ranks "
+                "hold the same state, as with DDP, reshards when every rank checkpoints with "
+                "ctx.checkpoint(state, replicated=True))")
         assert gang is not None  # a gang has two ranks or more
         for r in gang["ranks"]:
             path = r["path"]
@@ -244,18 +296,26 @@ class Gang:
         for r in range(self.n):
             self.pool.send(r, ("round", due, seq, path, pause))
 
-    def _vote(self, rank: int, seq: int, sha: str, nbytes: int, position: Any) -> None:
+    def _vote(self, rank: int, seq: int, sha: str, nbytes: int, position: Any, replicated: bool) -> None:
         v = self._voting
         if v is None or v.seq != seq:
             raise GangError(f"rank {rank} voted for checkpoint {seq}, which is not being taken")
-        v.votes[rank] = (sha, nbytes, position)
+        v.votes[rank] = (sha, nbytes, position, replicated)
         if len(v.votes) < self.n:
             return
+        said = {r: vote[3] for r, vote in v.votes.items()}
+        if len(set(said.values())) > 1:
+            yes = sorted(r for r, x in said.items() if x)
+            no = sorted(r for r, x in said.items() if not x)
+            raise GangError(f"ranks {yes} of gang step {self.ctx.step!r} checkpointed with replicated=True "
+                            f"and ranks {no} without: every rank must pass the same replicated= to "
+                            "ctx.checkpoint")
+        replicated = said[0]
         _faults.fault_point("gang.before_manifest")
         ranks: list[dict[str, Any]] = [{"rank": r, "path": shard_path(v.path, r), "manifest_sha256": v.votes[r][0],
                   "nbytes": v.votes[r][1]} for r in range(self.n)]
-        saved = ckpt.save(self.storage, v.path, {"state": {"gang": {"world_size": self.n, "ranks": ranks}},
-                                                 "rng": {}},
+        gang = {"world_size": self.n, "ranks": ranks, "replicated": replicated}
+        saved = ckpt.save(self.storage, v.path, {"state": {"gang": gang}, "rng": {}},
                           meta={"run_id": self.ctx.run_id, "step": self.ctx.step, "seq": v.seq,
                                 "epoch": self.ctx.epoch, "gang": self.n})
         _faults.fault_point("gang.before_commit")
@@ -270,12 +330,17 @@ class Gang:
 
     def _abort(self) -> None:
         """Remove the checkpoint being taken: without its store record it never existed."""
-        if self._voting is not None:
-            try:
-                self.storage.remove_tree(self._voting.path)
-            except OSError:
-                pass  # the next attempt's sweep removes it
-            self._voting = None
+        v, self._voting = self._voting, None
+        if v is None:
+            return
+        missing = sorted(set(range(self.n)) - set(v.votes))
+        try:
+            self.storage.remove_tree(v.path)
+            self._event(f"checkpoint {v.seq} of gang step {self.ctx.step!r} aborted (voted: ranks "
+                        f"{sorted(v.votes)}; missing: {missing}); {v.path} removed",
+                        seq=v.seq, voted=sorted(v.votes), missing=missing)
+        except Exception:  # noqa: BLE001 - the next attempt's sweep removes it; the failure is what counts
+            log.debug("could not remove aborted checkpoint %s", v.path, exc_info=True)
 
     def _sweep(self) -> None:
         """Remove what earlier attempts left uncommitted (a coordinator killed mid-commit)."""
@@ -287,6 +352,7 @@ class Gang:
             epoch = name.rpartition("-e")[2]
             if path not in known and epoch.isdigit() and int(epoch) < self.ctx.epoch:
                 self.storage.remove_tree(path)
+                self._swept.append(path)
 
 
 def rank_main(conn: Any, parent_pid: int, rank: int, recipe: RankRecipe,

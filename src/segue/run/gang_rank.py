@@ -45,16 +45,20 @@ class RankContext(StepContext):
         self._progress_at = 0.0
 
     def restore(self) -> Any | None:
-        """This rank's shard of the gang's latest committed checkpoint (every shard of it
-        verified by the coordinator), or None on a first start."""
+        """This rank's state in the gang's latest committed checkpoint (every shard of it
+        verified by the coordinator), or None on a first start. A replicated checkpoint's
+        state is rank 0's, whatever the number of ranks that wrote it."""
         self._conn.send(("restore",))
-        shard = self._answer("restored")[1]
-        if shard is None:
+        _, state_shard, rng_shard = self._answer("restored")
+        if state_shard is None:
             return None
         # The coordinator has just hashed every file of every shard against the manifest
         # its rank voted: hashing them again here would read the checkpoint twice.
-        loaded = ckpt.load(self._storage, shard, allow_pickle=self.spec.allow_pickle, verify=False)
-        rng.restore(loaded.state.get("rng", {}))
+        loaded = ckpt.load(self._storage, state_shard, allow_pickle=self.spec.allow_pickle, verify=False)
+        if rng_shard is not None:  # None: a rank the checkpoint had not (resharded to more)
+            own = loaded if rng_shard == state_shard else ckpt.load(
+                self._storage, rng_shard, allow_pickle=self.spec.allow_pickle, verify=False)
+            rng.restore(own.state.get("rng", {}))
         return loaded.state["state"]
 
     def checkpoint_due(self, steps: int | None = None) -> bool:
@@ -65,9 +69,15 @@ class RankContext(StepContext):
         self._assigned = (seq, path) if due else None
         return due
 
-    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False) -> None:
+    def checkpoint(self, state: Any, *, position: Any = None, durable: bool = False,
+                   replicated: bool = False) -> None:
         """Write this rank's shard, vote, and wait until the gang's checkpoint committed
-        (every checkpoint of a gang is durable when this returns); then park if paused."""
+        (every checkpoint of a gang is durable when this returns); then park if paused.
+
+        ``replicated=True`` (on every rank alike) says every rank holds the same
+        ``state``, as with DDP: rank 0 alone writes it, the others only their RNG,
+        every rank restores rank 0's, and the checkpoint may be resumed by another
+        number of ranks (see run/gang.py)."""
         if self._assigned is None:
             self._round("checkpoint")
         assert self._assigned is not None
@@ -75,13 +85,15 @@ class RankContext(StepContext):
         shard = shard_path(path, self.rank)
         pos = position if position is not None else {"seq": seq, "steps": self._cur_steps}
         # The step's own pipelined writer, waited on: a vote comes only after durability.
+        mine = None if replicated and self.rank else state  # rank 0's copy stands for all
         saved = self._writer.save_async(
-            shard, {"state": state, "rng": rng.capture()},
+            shard, {"state": mine, "rng": rng.capture()},
             meta={"run_id": self.run_id, "step": self.step, "seq": seq, "epoch": self.epoch,
-                  "rank": self.rank, "position": pos, "code_fingerprint": self._fingerprint}).result()
+                  "rank": self.rank, "position": pos, "replicated": replicated,
+                  "code_fingerprint": self._fingerprint}).result()
         sha, size = manifest_digest(self._storage, shard)
         _faults.fault_point("gang.before_vote")
-        self._conn.send(("vote", seq, sha, saved.nbytes + size, pos))
+        self._conn.send(("vote", seq, sha, saved.nbytes + size, pos, replicated))
         _faults.fault_point("gang.after_vote")
         _, _, park = self._answer("committed")
         self.checkpoints_written += 1

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import FencedError, IllegalTransitionError, SegueError
+from ..executor.base import PoolHost
 from ..flow.model import StepSpec
 from ..run.procs import pid_alive
 from ..states import Actor, RunState, TaskState
@@ -25,7 +26,7 @@ from ..store.base import TaskRecord
 from ..store.hostpool import kinds, never_fits, shared_part
 from ..store.pool import Allocated, Denied, HostPoolStore, Placement
 from .accounting import attempt_deltas, mean_rates, rates_of
-from .devices import ensure_host
+from .devices import ensure_cluster_host, ensure_host
 from .policy import (
     Device,
     Holder,
@@ -66,9 +67,11 @@ class RunScheduler:
     gpus_override: int = -1
     gpu_memory_override: int = 0
     spawn: Callable[[str, str], object] | None = None  # starts a detached controller (home, run)
-    # The executor places attempts on resources of its own (Ray): each attempt still
-    # holds an allocation in the pool (its lease, accounting), but of nothing.
-    external: bool = False
+    # The executor places attempts on a cluster of its own (Ray): ``host`` is that
+    # cluster's entry in the pool (Executor.pool_host), whose GPUs runs queue for and
+    # preempt one another for; the executor places cpus and memory itself.
+    cluster_host: PoolHost | None = None
+    machine: str = ""  # the controller's own host (default: ``host``)
     # (home, run) -> the preemption request posted to it
     victims: dict[tuple[str, str], int] = field(default_factory=dict)
     # (home, run) -> (devices promised by a partial preemption, when asked)
@@ -89,14 +92,19 @@ class RunScheduler:
     _next_renew: float = 0.0
 
     def __post_init__(self) -> None:
-        ensure_host(self.pool, self.host)
+        self.machine = self.machine or self.host
+        if self.cluster_host is not None:
+            ensure_cluster_host(self.pool, self.cluster_host)
+        else:
+            ensure_host(self.pool, self.host)
         self._aged_to = self.priority
 
     # -- needs -----------------------------------------------------------------
     def need(self, step: str) -> Need:
-        if self.external:
-            return Need()
-        return step_need(self.steps, step, self.gpus_override, self.gpu_memory_override)
+        need = step_need(self.steps, step, self.gpus_override, self.gpu_memory_override)
+        if self.cluster_host is not None:  # whole GPUs; the cluster places cpus and memory
+            return Need(gpus=need.gpus, accelerator=need.accelerator)
+        return need
 
     def effective_priority(self) -> int:
         waited = self.waited_s()
@@ -342,8 +350,8 @@ class RunScheduler:
     def _other_hosts(self) -> list[str]:
         """Hosts this run may move to: on a cluster-wide pool, those whose agent is
         alive (it starts the run's controller there), when the run's state can move."""
-        if not self.pool.cluster:
-            return []
+        if not self.pool.cluster or self.cluster_host is not None:
+            return []  # (a Ray run's host is its cluster, wherever its controller runs)
         t = time.monotonic()
         if t >= self._hosts_at:  # a waiting run asks every tick: look again twice a second
             at = self.store.now()
@@ -590,7 +598,7 @@ class RunScheduler:
                 self.pool.unpark(home, rid)  # resumed, cancelled, or paused by its operator
                 continue
             if run.controller_lease_until is not None and run.controller_lease_until > now and (
-                run.controller_host != self.host or pid_alive(run.controller_pid)
+                run.controller_host != self.machine or pid_alive(run.controller_pid)
             ):
                 continue  # its own controller is alive and waiting
             log.info("starting a controller for preempted run %s of home %s", rid, home)

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 
+from ..executor.base import PoolHost
 from ..store.pool import HostPool, HostPoolStore
 
 Devices = list[tuple[str, int, bool]]  # (name, memory bytes, virtual)
@@ -92,6 +93,20 @@ def ensure_host(store: HostPoolStore, host: str) -> HostPool:
     # PUT /api/pool) between the read above and this write must win.
     return store.configure_host(host, cpus=float(os.cpu_count() or 1), memory=host_memory(),
                                 devices=devices, source=source, only_if_new=True)
+
+
+def ensure_cluster_host(store: HostPoolStore, found: PoolHost) -> HostPool:
+    """The pool entry of an executor's cluster (Ray), configured from what the cluster
+    reports. It only grows by itself: nodes added (or back) add their GPUs; a node
+    that is down for a while removes nothing, so a run queued for its GPUs waits
+    (in Ray's queue) instead of failing as unsatisfiable."""
+    hp = store.get_host(found.host)
+    if hp is None or (hp.source == found.source and len(found.devices) > len(hp.devices)):
+        return store.configure_host(
+            found.host, cpus=found.cpus, memory=found.memory, devices=found.devices,
+            source=found.source, only_if_new=hp is None,
+            actor=None if hp is None else f"{found.source} (the cluster has {len(found.devices)} GPUs now)")
+    return hp
 
 
 def gpu_processes() -> GpuProcesses:
