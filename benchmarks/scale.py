@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     mb, k = (1, 2) if a.smoke else (64, 5) if a.quick else (256, 8)
     # Enough records that the step's work, not the start of its actors, is timed.
-    records, tries = (3000, 1) if a.smoke else (1_000_000, 2) if a.quick else (3_000_000, 3)
+    records, tries = (3000, 1) if a.smoke else (3_000_000, 2) if a.quick else (6_000_000, 3)
     stall = a.ray_stall or (20.0 if a.smoke else 60.0)
     tmp = Path(tempfile.mkdtemp(prefix="segue-scale-"))
     try:

@@ -14,6 +14,7 @@ the lost attempt, and the next attempt ran on another node.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -286,12 +287,71 @@ def test_what_ray_cannot_run_is_refused_at_submit_in_one_line(
     assert proc.returncode == 2, proc.stderr
     assert "step 'f' needs 5 CPUs and 0 GPUs on Ray in all (its worker and 4 sub-workers, 1 CPUs " \
            "each), but the cluster has 3 CPUs and 3 GPUs" in proc.stderr, proc.stderr
-    elastic = str(FLOWS / "elastic.py")
-    proc = segue("run", elastic, *on_ray(cluster))
-    assert proc.returncode == 2 and "is elastic (workers=(1, 3))" in proc.stderr, proc.stderr
     proc = segue("run", str(FLOWS / "counter.py"), "--executor", "ray", "--ray-address", "127.0.0.1:1")
     assert proc.returncode == 2 and "cannot reach the Ray cluster at 127.0.0.1:1" in proc.stderr, proc.stderr
     assert segue.json("ls") == []  # nothing was created
+
+
+def test_what_sub_workers_print_on_their_nodes_reaches_segue_logs(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    flow = tmp_path / "chatty_map.py"
+    flow.write_text("import os\nfrom segue import Flow\nfrom segue.data import JsonlSink, SequenceSource\n"
+                    "flow = Flow('chatty_map', params={'out': 'out'})\n"
+                    "@flow.map(source=lambda ctx: SequenceSource(list(range(40)), shards=4),"
+                    " sink=lambda ctx: JsonlSink(ctx.params['out']), workers=2)\n"
+                    "def f(r):\n    print(f'record {r} on node {os.environ[\"SEGUE_RAY_NODE_ID\"][:8]}')\n"
+                    "    return {'r': r}\n")
+    proc = segue("run", str(flow), "--run-id", "chatty", "-p", f"out={tmp_path / 'out'}", *on_ray(cluster),
+                 env=QUICK, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    logs = segue("logs", "chatty").stdout
+    said = re.findall(r"^record (\d+) on node ([0-9a-f]{8})$", logs, flags=re.M)
+    assert sorted(int(r) for r, _ in said) == list(range(40)), logs[-3000:]  # every line, whole
+    members = members_of(segue, "chatty", "f", 1, "sub-worker", 2)
+    assert {node for _, node in said} == {n[:8] for n in members.values()}, (said, members)
+
+
+def test_an_elastic_step_on_ray_gives_a_gpu_to_an_urgent_ray_run_and_grows_back(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    """An elastic step (workers=(1, 3), a GPU each) grows to the cluster's three GPUs; an
+    urgent Ray run needs one: the pool promises it one of the step's, the step stops the
+    sub-worker on it (its actor ends, Ray frees the GPU) and goes on with two, the urgent
+    run's actor gets that GPU, and the step grows back. Never paused; every record once."""
+    def rows() -> list[dict[str, Any]]:
+        return [json.loads(line) for p in sorted(out.glob("*.jsonl")) for line in p.read_text().splitlines()]
+
+    def workers() -> int:
+        scales = [e for e in segue.events("low") if e["kind"] == "scale"]
+        return scales[-1]["data"]["workers"] if scales else 1
+
+    slow, out, n = tmp_path / "slow", tmp_path / "out", 6000
+    slow.touch()
+    env = {"ELASTIC_SLOW_FILE": str(slow), "ELASTIC_DELAY": "0.02", "SEGUE_RAY_ENV": "ELASTIC_SLOW_FILE,ELASTIC_DELAY"}
+    segue("run", str(FLOWS / "elastic.py"), "--detach", "--run-id", "low", "--priority", "batch",
+          "-p", f"n={n}", "-p", f"out={out}", *on_ray(cluster), env=env, check=True)
+    explain(segue, "low", lambda: workers() == 3 and len({r["node"] for r in rows()}) == 3, 180,
+            "committed rows from 3 sub-workers on 3 nodes")
+    segue("run", str(FLOWS / "gpujob.py"), "--detach", "--run-id", "hi", "--priority", "urgent",
+          "-p", "n=40", *on_ray(cluster), check=True)
+    explain(segue, "hi", lambda: segue.status("hi")["state"] == "SUCCEEDED", 180, "the urgent run to finish")
+    assert segue.status("low")["state"] == "RUNNING"  # it went on with two sub-workers meanwhile
+    explain(segue, "low", lambda: workers() == 3, 180, "the elastic step to grow back to 3")
+    slow.unlink()
+    explain(segue, "low", lambda: segue.status("low")["state"] == "SUCCEEDED", 300, "the batch run to finish")
+    events = segue.events("low")
+    assert {e["to_state"] for e in events if e["kind"] == "run"} == {"PENDING", "RUNNING", "SUCCEEDED"}
+    gave = [e for e in events if e["kind"] == "scheduler" and e["data"].get("partial")]
+    assert len(gave) == 1 and "preempted by run 'hi' (urgent)" in gave[0]["reason"], gave
+    scales = [e for e in events if e["kind"] == "scale"]
+    downs = [e for e in scales if e["data"]["direction"] == "down" and "partial" in e["reason"]]
+    assert len(downs) == 1 and downs[0]["data"]["workers"] == 2, scales
+    assert any(e["data"]["direction"] == "up" and e["data"]["workers"] == 3
+               for e in scales[scales.index(downs[0]) + 1:]), scales
+    got = rows()
+    assert sorted(r["k"] for r in got) == list(range(n)) and all(r["v"] == r["k"] ** 2 for r in got)
+    # The urgent run's actor ran on a node whose GPU the elastic step had held.
+    assert node_of(segue, "hi", "work", 1) in {r["node"] for r in got}
+    assert segue.status("low")["accounting"]["partial_preemptions"] == 1
 
 
 def test_on_postgres_and_s3_a_node_needs_no_shared_disk_and_survives_its_loss(

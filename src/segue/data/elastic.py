@@ -14,7 +14,9 @@ allocation in the host pool:
 
 The controller tells the step's process where its pool is (``SEGUE_POOL``,
 ``SEGUE_POOL_HOME``, ``SEGUE_HOST``) and which devices it was placed on
-(``SEGUE_DEVICES``, in the allocation's order). Without a pool (a direct
+(``SEGUE_POOL_DEVICES``, in the allocation's order). On Ray the groups are the
+pool's count of the cluster's GPUs: each sub-worker's actor asks Ray for its
+GPUs, and stopping it (a partial preemption) is what frees one in Ray. Without a pool (a direct
 ``run_map`` call) a CPU step grows up to ``max`` with its backlog, and a step
 never shrinks below ``min``.
 """
@@ -35,7 +37,10 @@ Group = tuple[int, ...]
 
 
 def _devices_from_env() -> tuple[int, ...]:
-    raw = os.environ.get("SEGUE_DEVICES", "").strip()
+    # The allocation's devices in the pool; on Ray they are the cluster's GPUs as the pool
+    # counts them (Ray picks the physical ones), and SEGUE_DEVICES is what Ray gave this
+    # process (none: its sub-workers hold the GPUs).
+    raw = os.environ.get("SEGUE_POOL_DEVICES", os.environ.get("SEGUE_DEVICES", "")).strip()
     return tuple(int(x) for x in raw.split(",") if x.strip()) if raw else ()
 
 

@@ -16,13 +16,15 @@ The attempt's output streams back into ``HOME/logs`` (``segue logs``) while it
 runs; its exit report comes back with its exit code.
 
 A data step's sub-workers and a gang's ranks are actors of their own
-(executor.ray_pool); the attempt's actor then holds only its CPUs. Not yet
-here (see docs/ray.md): elastic steps.
+(executor.ray_pool); the attempt's actor then holds only its CPUs.
 
 The cluster's GPUs are one host of segue's device pool (:meth:`RayExecutor.pool_host`),
 so Ray runs queue and preempt one another by priority as local runs do: a
 preempted run pauses cooperatively, its actor is killed past the pause
-deadline, and Ray gives the freed GPU to the urgent run's actor.
+deadline, and Ray gives the freed GPU to the urgent run's actor. An elastic
+step's allocation there grows and shrinks by sub-worker: stopping the
+sub-worker whose GPUs were promised away (a partial preemption) frees them in
+Ray.
 """
 
 from __future__ import annotations

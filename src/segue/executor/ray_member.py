@@ -8,7 +8,9 @@ unpickled), says which member it is, receives its recipe and then runs the
 ordinary local entry point (``segue.data.subworker.main`` or
 ``segue.run.gang_rank.main``) over that connection, exactly as a local
 sub-worker does over its pipe. It dies with its actor (``PR_SET_PDEATHSIG``),
-and the actor with its owner, the step's worker.
+and the actor with its owner, the step's worker. Its output is read back by
+the coordinator (``read_log``) into the attempt's log, as a local sub-worker's
+lands there.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import threading
 from multiprocessing.connection import Client
 from typing import Any
 
-from .ray_node import _scratch, child_environment, node_home, place_flow
+from .ray_node import LOG_CHUNK, _scratch, child_environment, node_home, place_flow
 
 # What a member runs, by name (the child imports only the one it needs).
 TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
@@ -42,6 +44,9 @@ class MemberActor:
     def __init__(self) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+        # The member's output: a file unlinked as soon as it is open, so nothing is
+        # left on the node whatever ends this actor; the coordinator reads it back.
+        self._out: int | None = None
 
     def run(self, *, address: tuple[str, int], key: bytes, index: int, kind: str,
             env: dict[str, str], flow: dict[str, bytes], flow_name: str) -> int:
@@ -63,15 +68,19 @@ class MemberActor:
         })
         log = _scratch() / "logs" / f"member-{os.getpid()}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "wb") as out, self._lock:
+        with open(log, "w+b") as out, self._lock:  # (read back by read_log)
+            self._out = os.dup(out.fileno())
+            log.unlink()
             self._proc = subprocess.Popen([sys.executable, "-m", "segue.executor.ray_member"],
                                           stdout=out, stderr=subprocess.STDOUT,
                                           stdin=subprocess.DEVNULL, env=child_env,
                                           start_new_session=True)
-        code = self._proc.wait()
-        with contextlib.suppress(OSError):
-            log.unlink()
-        return code
+        return self._proc.wait()
+
+    def read_log(self, offset: int) -> bytes:
+        """The member's output from ``offset`` on (at most LOG_CHUNK bytes)."""
+        with self._lock:
+            return b"" if self._out is None else os.pread(self._out, LOG_CHUNK, offset)
 
     def signal(self, signum: int) -> None:
         with self._lock:

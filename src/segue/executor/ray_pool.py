@@ -22,6 +22,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection, Listener
@@ -37,6 +38,11 @@ log = logging.getLogger("segue.executor.ray")
 PLACE_TIMEOUT_ENV = "SEGUE_RAY_PLACE_TIMEOUT_S"
 PLACE_TIMEOUT_S = 600.0  # a member Ray cannot place in this long fails the attempt
 PLACE_WARN_S = 10.0  # ... and after this long, the worker's log says what it waits for
+LOG_EVERY_S = 0.5  # how often members' output is fetched into the worker's own
+DRAIN_S = 5.0  # how long a leaving member's last output is waited for
+# How often the coordinator asks Ray about its members: recv() runs for every few
+# messages, and a ray.wait each time costs the data path its throughput.
+CHECK_EVERY_S = 0.1
 
 
 class RayProcessPool(ConnectionPool):
@@ -64,6 +70,12 @@ class RayProcessPool(ConnectionPool):
         self._hellos: dict[int, tuple[Connection, str, int]] = {}  # said hello, not yet admitted
         self._rendezvous: tuple[str, int] | None = None  # a gang's: rank 0's node and port
         self._lock = threading.Lock()
+        # Members' output, read back into this process's (the attempt's log), whole lines
+        # only so that two members never mix within a line: index -> [offset, pending
+        # read, partial line].
+        self._outs: dict[int, list[Any]] = {}
+        self._next_log = 0.0
+        self._next_check = 0.0
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept, name="segue-ray-accept", daemon=True)
         self._acceptor.start()
@@ -181,7 +193,11 @@ class RayProcessPool(ConnectionPool):
 
     def recv(self, timeout: float) -> list[tuple[int, tuple[Any, ...]]]:
         self._admit()
-        self._check_members()
+        now = time.monotonic()
+        if now >= self._next_check:  # (a lost member also reads as EOF on its connection)
+            self._next_check = now + CHECK_EVERY_S
+            self._pump_output()
+            self._check_members()
         if not self._conns:
             time.sleep(min(timeout, 0.05))
             return []
@@ -198,7 +214,52 @@ class RayProcessPool(ConnectionPool):
         return SubWorkerLost(f"{self._noun} {i} (a Ray actor) {why} ({end}); the attempt is retried "
                              "from the last checkpoint")
 
+    # -- members' output -----------------------------------------------------------------
+    def _pump_output(self) -> None:
+        now = time.monotonic()
+        if now < self._next_log:
+            return
+        self._next_log = now + LOG_EVERY_S
+        for i, actor in self._actors.items():
+            out = self._outs.setdefault(i, [0, None, b""])
+            if out[1] is not None:
+                ready, _ = self._ray.wait([out[1]], timeout=0)
+                if not ready:
+                    continue
+                self._took(out, self._get(out[1]))
+            out[1] = actor.read_log.remote(out[0])
+
+    def _get(self, ref: Any, timeout: float | None = None) -> bytes:
+        try:
+            return bytes(self._ray.get(ref, timeout=timeout))
+        except Exception:  # noqa: BLE001 - a lost actor's output is lost with its node
+            return b""
+
+    def _took(self, out: list[Any], chunk: bytes) -> None:
+        out[0] += len(chunk)
+        whole, _, out[2] = (out[2] + chunk).rpartition(b"\n")
+        if whole:
+            _emit(whole + b"\n")
+
+    def _drain_output(self, index: int) -> None:
+        """The rest of a leaving member's output (its actor is still there)."""
+        actor, out = self._actors.get(index), self._outs.pop(index, None)
+        if actor is None:
+            return
+        out = out or [0, None, b""]
+        deadline = time.monotonic() + DRAIN_S
+        if out[1] is not None:
+            self._took(out, self._get(out[1], DRAIN_S))
+        while time.monotonic() < deadline:
+            chunk = self._get(actor.read_log.remote(out[0]), DRAIN_S)
+            if not chunk:
+                break
+            self._took(out, chunk)
+        if out[2]:
+            _emit(out[2] + b"\n")
+
     def remove(self, index: int) -> None:
+        self._drain_output(index)
         conn = self._conns.pop(index, None)
         actor = self._actors.pop(index, None)
         self._refs.pop(index, None)
@@ -231,9 +292,17 @@ class RayProcessPool(ConnectionPool):
             self._pg = None
 
 
+def _emit(data: bytes) -> None:
+    """Into this process's output: the attempt's log, which `segue logs` shows."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+        os.write(2, data)
+
+
 def member_options(resources: Any) -> dict[str, Any]:
     """What one member's actor asks Ray for: the step's resources, per member."""
-    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 2,
+    # run() blocks; signal() and read_log() must still be answered meanwhile.
+    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 4,
                             "num_cpus": float(getattr(resources, "cpus", 1.0)),
                             "num_gpus": int(getattr(resources, "gpus", 0))}
     memory = getattr(resources, "memory", None)

@@ -536,7 +536,7 @@ class Controller:
             log_path=attempt_log_path(self.home, self.run_id, step, rec.epoch),  # `segue logs`
             # A task sees exactly its own devices (none for a CPU step); an elastic map
             # step also finds its allocation in the pool (segue.data.elastic).
-            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices,
+            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices, "SEGUE_POOL_DEVICES": devices,
                  "SEGUE_POOL": str(self.sched.pool.path), "SEGUE_POOL_HOME": self.sched.home,
                  "SEGUE_HOST": self.sched.host},
             flow_path=self.flow_path,

@@ -87,11 +87,6 @@ def check_ray(steps: Mapping[str, StepSpec], address: str) -> None:
     from ..executor.ray import check_fits, connect, import_ray
 
     import_ray()
-    for s in steps.values():
-        low, high = s.resources.workers
-        if low != high:
-            raise UsageError(f"step {s.name!r} is elastic (workers=({low}, {high})), which the Ray "
-                             f"executor does not run yet; declare workers={high} or use --executor local")
     if address:  # a cluster to ask; without one, the controller starts a local Ray
         check_fits(connect(address), {s.name: (s.resources, s.world_size) for s in steps.values()})
 

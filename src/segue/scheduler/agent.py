@@ -103,7 +103,7 @@ class RunScheduler:
     def need(self, step: str) -> Need:
         need = step_need(self.steps, step, self.gpus_override, self.gpu_memory_override)
         if self.cluster_host is not None:  # whole GPUs; the cluster places cpus and memory
-            return Need(gpus=need.gpus, accelerator=need.accelerator)
+            return Need(gpus=need.gpus, accelerator=need.accelerator, per_worker=need.per_worker)
         return need
 
     def effective_priority(self) -> int:
