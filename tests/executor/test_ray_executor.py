@@ -324,9 +324,12 @@ def test_an_elastic_step_on_ray_gives_a_gpu_to_an_urgent_ray_run_and_grows_back(
         scales = [e for e in segue.events("low") if e["kind"] == "scale"]
         return scales[-1]["data"]["workers"] if scales else 1
 
-    slow, out, n = tmp_path / "slow", tmp_path / "out", 6000
+    # 5 ms a record while the slow file exists: a sub-worker's batch (and so a barrier,
+    # where the step shrinks) takes about 2.5 s; the test decides when the run may end.
+    slow, out, n = tmp_path / "slow", tmp_path / "out", 40000
     slow.touch()
-    env = {"ELASTIC_SLOW_FILE": str(slow), "ELASTIC_DELAY": "0.02", "SEGUE_RAY_ENV": "ELASTIC_SLOW_FILE,ELASTIC_DELAY"}
+    env = {"ELASTIC_SLOW_FILE": str(slow), "ELASTIC_DELAY": "0.005",
+           "SEGUE_RAY_ENV": "ELASTIC_SLOW_FILE,ELASTIC_DELAY"}
     segue("run", str(FLOWS / "elastic.py"), "--detach", "--run-id", "low", "--priority", "batch",
           "-p", f"n={n}", "-p", f"out={out}", *on_ray(cluster), env=env, check=True)
     explain(segue, "low", lambda: workers() == 3 and len({r["node"] for r in rows()}) == 3, 180,

@@ -63,27 +63,18 @@ def explain(segue: Segue, run: str, pred: Any, timeout: float, what: str) -> Any
     return raykit.explain(ray, segue, run, pred, timeout, what)
 
 
-def test_the_cluster_is_one_host_of_the_pool(segue: Segue, cluster: Any, tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
-    start(segue, cluster, "one", "batch", 40, gate)
-    explain(segue, "one", lambda: running(segue, "one"), 120, "the run to start on Ray")
-    pools = [p for p in segue.json("pool", "--all-hosts") if p["host"].startswith("ray:")]
-    assert len(pools) == 1, pools
-    pool = pools[0]
-    assert pool["source"] == "ray" and [d["name"] for d in pool["devices"]] == ["ray-gpu"], pool
-    holder = pool["devices"][0]["holder"]
-    assert holder is not None and (holder["run_id"], holder["step"]) == ("one", "work"), pool
-    gate.touch()
-    segue.wait_state("one", {"SUCCEEDED"}, 120)
-    check_output(segue, "one", 40)
-
-
 def test_urgent_ray_run_preempts_a_batch_ray_run_which_resumes_by_itself(
         segue: Segue, cluster: Any, tmp_path: Path) -> None:
     low, hi = tmp_path / "gate-low", tmp_path / "gate-hi"
     start(segue, cluster, "low", "batch", 800, low)
     explain(segue, "low", lambda: running(segue, "low") and progressed(segue, "low", 30), 120,
             "the batch run to run on Ray")
+    # The cluster is one host of the pool, and the batch run holds its one GPU there.
+    pools = [p for p in segue.json("pool", "--all-hosts") if p["host"].startswith("ray:")]
+    assert len(pools) == 1, pools
+    assert pools[0]["source"] == "ray" and [d["name"] for d in pools[0]["devices"]] == ["ray-gpu"], pools
+    holder = pools[0]["devices"][0]["holder"]
+    assert holder is not None and (holder["run_id"], holder["step"]) == ("low", "work"), pools
     start(segue, cluster, "hi", "urgent", 60, hi)
     explain(segue, "hi", lambda: running(segue, "hi"), 120, "the urgent run to get the GPU")
     # One GPU in the cluster: Ray placed the urgent actor, so the batch one let go of it.

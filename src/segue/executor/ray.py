@@ -46,6 +46,7 @@ log = logging.getLogger("segue.executor.ray")
 
 LOG_EVERY_S = 0.5  # how often a running attempt's output is fetched
 DRAIN_TIMEOUT_S = 30.0
+KILL_DRAIN_S = 3.0  # how long a kill waits for the output the worker wrote until then
 PROBE_TIMEOUT_S = 5.0
 RAY_ENV = "SEGUE_RAY_ENV"  # the names of more variables a worker on Ray gets
 # Settings of this host that mean nothing on another node.
@@ -239,17 +240,18 @@ class RayHandle(WorkerHandle):
             self._next_read = now + LOG_EVERY_S
             self._pending = self._actor.read_log.remote(self._offset)
 
-    def _drain(self) -> None:
-        """Fetch what is left of the output, once the worker ended."""
-        deadline = time.monotonic() + DRAIN_TIMEOUT_S
+    def _drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """Fetch what is left of the output: once the worker ended, or before its actor
+        is killed (what the worker wrote until then would go with the actor)."""
+        deadline = time.monotonic() + timeout
         with contextlib.suppress(Exception):
             if self._pending is not None:
-                self._append(self._ray.get(self._pending, timeout=DRAIN_TIMEOUT_S))
+                self._append(self._ray.get(self._pending, timeout=timeout))
                 self._pending = None
             while time.monotonic() < deadline:
-                chunk = self._ray.get(self._actor.read_log.remote(self._offset), timeout=DRAIN_TIMEOUT_S)
+                chunk = self._ray.get(self._actor.read_log.remote(self._offset), timeout=timeout)
                 if not chunk:
-                    self._ray.get(self._actor.discard_log.remote(), timeout=DRAIN_TIMEOUT_S)
+                    self._ray.get(self._actor.discard_log.remote(), timeout=timeout)
                     break
                 self._append(chunk)
 
@@ -291,6 +293,7 @@ class RayHandle(WorkerHandle):
             return
         if sig == signal.SIGKILL:
             self._killed = True
+            self._drain(KILL_DRAIN_S)  # a lost node's actor answers at once: with an error
             with contextlib.suppress(Exception):
                 self._ray.kill(self._actor, no_restart=True)
             return
