@@ -18,7 +18,9 @@ from segue_helpers import FLOWS, Segue, wait_for
 
 ELASTIC = str(FLOWS / "elastic.py")
 GPUJOB = str(FLOWS / "gpujob.py")
-N = 9000  # at 20 ms a record and 3 sub-workers, at least 60 s while the slow file exists
+# At 5 ms a record and 3 sub-workers, at least 60 s while the slow file exists; a
+# sub-worker's batch of 512 (and so a barrier, where the step shrinks) takes 2.5 s.
+N = 36000
 
 
 def scale_events(segue: Segue, run: str) -> list[dict[str, Any]]:
@@ -54,7 +56,7 @@ def test_elastic_step_gives_up_one_device_to_an_urgent_run_and_grows_back(
     assert segue("pool", "set", "--gpus", "3", "--gpu-mem", "80GB", "--cpus", "8").returncode == 0
     slow, out = tmp_path / "slow", tmp_path / "out"
     slow.touch()
-    env = {"ELASTIC_SLOW_FILE": str(slow), "ELASTIC_DELAY": "0.02"}
+    env = {"ELASTIC_SLOW_FILE": str(slow), "ELASTIC_DELAY": "0.005"}
     segue("run", ELASTIC, "--detach", "--run-id", "low", "--priority", "batch", "-p", f"n={N}",
           "-p", f"out={out}", env=env, check=True)
     wait_for(lambda: live_workers(segue, "low") == 3, 180, "the batch run to grow to 3 sub-workers")
