@@ -3,21 +3,17 @@ what a kill at one phase of a gang checkpoint must leave (tests/flows/gang.py)."
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from typing import Any
 
-from segue_helpers import FLOWS, Segue
+from segue_helpers import FLOWS, Segue, flow_module
 
 from segue import checkpoint as ckpt
 from segue.home import Home
 
 GANG = str(FLOWS / "gang.py")
-_spec = importlib.util.spec_from_file_location("_gangflow", GANG)
-assert _spec is not None and _spec.loader is not None
-_gang = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_gang)
+_gang = flow_module("gang")
 QUICK = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
 N = 40
 

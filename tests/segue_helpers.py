@@ -16,6 +16,18 @@ FLOWS = Path(__file__).parent / "flows"
 T = TypeVar("T")
 
 
+def flow_module(name: str) -> Any:
+    """The test flow ``tests/flows/NAME.py`` as a module, for its helpers (an expected
+    result): loaded from its file, as segue loads a flow, under a name of its own."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_flow_{name}", FLOWS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 class Segue:
     """Runs the real `segue` CLI against one home directory."""
 

@@ -10,23 +10,18 @@ so no outcome depends on this machine's speed.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import pytest
 import raykit
 from raykit import MiB, on_ray, start_cluster
-from segue_helpers import FLOWS, Segue, wait_for
+from segue_helpers import FLOWS, Segue, flow_module, wait_for
 
 ray = pytest.importorskip("ray", reason="the Ray executor tests need Ray: pip install 'segue[ray]'")
 
 GPUJOB = str(FLOWS / "gpujob.py")
-_spec = importlib.util.spec_from_file_location("gpujob_expect_ray", FLOWS / "gpujob.py")
-assert _spec and _spec.loader
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-expected_acc = _mod.expected_acc
+expected_acc = flow_module("gpujob").expected_acc
 
 
 @pytest.fixture(scope="module")

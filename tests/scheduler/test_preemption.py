@@ -6,7 +6,6 @@ no GPU is needed. Each test checks the outputs are exactly right.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import time
@@ -14,14 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from segue_helpers import FLOWS, Segue, wait_for
+from segue_helpers import FLOWS, Segue, flow_module, wait_for
 
 GPUJOB = str(FLOWS / "gpujob.py")
-_spec = importlib.util.spec_from_file_location("gpujob_expect", FLOWS / "gpujob.py")
-assert _spec and _spec.loader
-_mod = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_mod)
-expected_acc = _mod.expected_acc
+expected_acc = flow_module("gpujob").expected_acc
 
 
 def setup_pool(segue: Segue, gpus: int) -> None:

@@ -13,7 +13,6 @@ or the store), not a sleep.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -28,7 +27,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("jinja2")
 playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
 
-from segue_helpers import FLOWS, Segue, wait_for  # noqa: E402
+from segue_helpers import FLOWS, Segue, flow_module, wait_for  # noqa: E402
 from serverkit import ServerProcess  # noqa: E402
 
 from segue.home import Home  # noqa: E402
@@ -156,11 +155,7 @@ def test_operator_pauses_and_resumes_in_the_browser(browser: Any, tmp_path: Path
 
 
 def _expected_acc(n: int) -> float:
-    spec = importlib.util.spec_from_file_location("gpujob_expect", GPUJOB)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return float(mod.expected_acc(n))
+    return float(flow_module("gpujob").expected_acc(n))
 
 
 def test_preempted_run_resumes_by_itself_and_its_page_names_the_preemptor(

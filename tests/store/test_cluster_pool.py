@@ -4,7 +4,6 @@ submitted on one host preempts a batch run on another and moves there."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from typing import Any
 
 import pytest
 from cluster_kit import Cluster
-from segue_helpers import FLOWS, Segue, wait_for
+from segue_helpers import FLOWS, Segue, flow_module, wait_for
 
 from segue.store.postgres import PostgresStore
 from segue.store.postgres_hostpool import PostgresHostPool
@@ -116,10 +115,7 @@ def test_eight_controllers_on_three_hosts_race_for_four_devices_for_a_minute(
 
 
 GPUJOB = str(FLOWS / "gpujob.py")
-_spec = importlib.util.spec_from_file_location("gpujob_expect", FLOWS / "gpujob.py")
-assert _spec and _spec.loader
-_gpujob = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_gpujob)
+_gpujob = flow_module("gpujob")
 
 
 def _work(segue: Segue, run: str) -> dict[str, Any]:

@@ -118,12 +118,11 @@ class Controller:
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
         pool = open_pool(self.pool_path or pool_path(self.home.root), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
-        # Ray: the cluster's GPUs are a host of the pool of their own.
-        cluster = self.executor.pool_host()
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),
-            run_id=self.run_id, steps=self.steps, host=cluster.host if cluster else self.host,
-            machine=self.host, cluster_host=cluster,
+            run_id=self.run_id, steps=self.steps, host=self.host,
+            # Ray: the cluster's GPUs are a host of the pool of their own.
+            cluster_host=self.executor.pool_host(),
             shared_storage=shared_storage(self.options.checkpoints),
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,

@@ -50,8 +50,8 @@ number of ranks is refused, with what to do.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import logging
 import os
 import socket
 import time
@@ -68,8 +68,6 @@ from ..states import Actor
 from ..store.base import Store
 from .context import StepContext
 from .park import Park
-
-log = logging.getLogger("segue.gang")
 
 VOTE_TIMEOUT_ENV = "SEGUE_GANG_VOTE_TIMEOUT_S"
 VOTE_TIMEOUT_S = 600.0
@@ -236,12 +234,12 @@ class Gang:
         seq = self.ctx.restored_seq
         if self.ctx.attempt <= 1 and not self._swept:
             return
-        gone = f"; uncommitted checkpoint{'s' if len(self._swept) > 1 else ''} " \
-               f"{', '.join(self._swept)} removed" if self._swept else ""
-        self._event(f"gang step {self.ctx.step!r} resumes from committed checkpoint {seq}{gone}"
-                    if seq is not None else
-                    f"gang step {self.ctx.step!r} starts from the beginning: no checkpoint committed{gone}",
-                    restored_seq=seq, removed=self._swept)
+        said = [f"resumes from committed checkpoint {seq}" if seq is not None
+                else "starts from the beginning: no checkpoint committed"]
+        if self._swept:
+            said.append(f"uncommitted checkpoint{'s' if len(self._swept) > 1 else ''} "
+                        f"{', '.join(self._swept)} removed")
+        self._event(f"gang step {self.ctx.step!r} {'; '.join(said)}", restored_seq=seq, removed=self._swept)
 
     def _say_resharded(self, gang: dict[str, Any]) -> None:
         old = int(gang["world_size"])
@@ -336,11 +334,15 @@ class Gang:
         missing = sorted(set(range(self.n)) - set(v.votes))
         try:
             self.storage.remove_tree(v.path)
+            fate = "removed"
+        except OSError:
+            fate = "left for the next attempt's sweep"
+        # On the way out of the failure that aborted it: an event that cannot be written
+        # must not hide that failure.
+        with contextlib.suppress(Exception):
             self._event(f"checkpoint {v.seq} of gang step {self.ctx.step!r} aborted (voted: ranks "
-                        f"{sorted(v.votes)}; missing: {missing}); {v.path} removed",
+                        f"{sorted(v.votes)}; missing: {missing}); {v.path} {fate}",
                         seq=v.seq, voted=sorted(v.votes), missing=missing)
-        except Exception:  # noqa: BLE001 - the next attempt's sweep removes it; the failure is what counts
-            log.debug("could not remove aborted checkpoint %s", v.path, exc_info=True)
 
     def _sweep(self) -> None:
         """Remove what earlier attempts left uncommitted (a coordinator killed mid-commit)."""

@@ -71,7 +71,9 @@ class RunScheduler:
     # cluster's entry in the pool (Executor.pool_host), whose GPUs runs queue for and
     # preempt one another for; the executor places cpus and memory itself.
     cluster_host: PoolHost | None = None
-    machine: str = ""  # the controller's own host (default: ``host``)
+    # The controller's own host: ``host`` as given. With ``cluster_host``, ``host`` then
+    # becomes the cluster's key in the pool (where this run's devices are).
+    machine: str = field(init=False, default="")
     # (home, run) -> the preemption request posted to it
     victims: dict[tuple[str, str], int] = field(default_factory=dict)
     # (home, run) -> (devices promised by a partial preemption, when asked)
@@ -92,8 +94,9 @@ class RunScheduler:
     _next_renew: float = 0.0
 
     def __post_init__(self) -> None:
-        self.machine = self.machine or self.host
+        self.machine = self.host
         if self.cluster_host is not None:
+            self.host = self.cluster_host.host
             ensure_cluster_host(self.pool, self.cluster_host)
         else:
             ensure_host(self.pool, self.host)
