@@ -294,21 +294,44 @@ def test_what_ray_cannot_run_is_refused_at_submit_in_one_line(
 
 def test_what_sub_workers_print_on_their_nodes_reaches_segue_logs(
         segue: Segue, cluster: Any, tmp_path: Path) -> None:
-    flow = tmp_path / "chatty_map.py"
-    flow.write_text("import os\nfrom segue import Flow\nfrom segue.data import JsonlSink, SequenceSource\n"
-                    "flow = Flow('chatty_map', params={'out': 'out'})\n"
+    from segue.executor.ray import actor_name, member_name
+
+    flow, hold = tmp_path / "chatty_map.py", tmp_path / "hold"
+    flow.write_text("import os, time\nfrom segue import Flow\nfrom segue.data import JsonlSink, SequenceSource\n"
+                    "flow = Flow('chatty_map', params={'out': 'out', 'hold': ''})\n"
                     "@flow.map(source=lambda ctx: SequenceSource(list(range(40)), shards=4),"
                     " sink=lambda ctx: JsonlSink(ctx.params['out']), workers=2)\n"
                     "def f(r):\n    print(f'record {r} on node {os.environ[\"SEGUE_RAY_NODE_ID\"][:8]}')\n"
-                    "    return {'r': r}\n")
-    proc = segue("run", str(flow), "--run-id", "chatty", "-p", f"out={tmp_path / 'out'}", *on_ray(cluster),
-                 env=QUICK, timeout=300)
+                    "    return {'r': r}\n"
+                    "@flow.step(after=[f])\n"
+                    "def gate(ctx):\n    while not os.path.exists(ctx.params['hold']):\n        time.sleep(0.05)\n")
+    proc = segue("run", str(flow), "--run-id", "chatty", "-p", f"out={tmp_path / 'out'}", "-p", f"hold={hold}",
+                 "--detach", *on_ray(cluster), env=QUICK)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    store = store_of(segue)
+    explain(segue, "chatty", lambda: store.get_task("chatty", "gate").state.value == "RUNNING", 120,
+            "the step after the map step")
+    # A fixed number of sub-workers: their actors were created with the attempt's, and
+    # they ended with it, while the controller (their owner) still drives the run.
+    warm = [member_name(actor_name(segue.home, "chatty", "f", 1), i) for i in range(2)]
+
+    def gone(name: str) -> bool:
+        try:
+            ray.get_actor(name, namespace="segue")
+        except ValueError:
+            return True
+        return False
+
+    wait_for(lambda: all(gone(n) for n in warm), 30, "the warmed sub-workers' actors to end")
+    hold.touch()
+    segue.wait_state("chatty", {"SUCCEEDED"}, 120)
     logs = segue("logs", "chatty").stdout
     said = re.findall(r"^record (\d+) on node ([0-9a-f]{8})$", logs, flags=re.M)
     assert sorted(int(r) for r, _ in said) == list(range(40)), logs[-3000:]  # every line, whole
     members = members_of(segue, "chatty", "f", 1, "sub-worker", 2)
     assert {node for _, node in said} == {n[:8] for n in members.values()}, (said, members)
+    warmed = re.findall(r"sub-worker (\d+) runs on Ray node [0-9a-f]+ \(warmed with the attempt\)", logs)
+    assert sorted(warmed) == ["0", "1"], logs[-3000:]
 
 
 def test_an_elastic_step_on_ray_gives_a_gpu_to_an_urgent_ray_run_and_grows_back(

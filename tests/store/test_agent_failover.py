@@ -89,7 +89,10 @@ def test_hosts_die_again_and_again_and_the_run_ends_exactly_once(
         if freeze:  # the zombie wakes up once another host's attempt holds the step
             wait_for(lambda: cluster.store.get_task(run, "count").host not in (None, host), 120,
                      "the new host's attempt")
-            for pid in victims:
+            # Children first: a stopped process cannot exit, so each one is still there
+            # when its SIGCONT is sent. (Thawed first, the controller would find itself
+            # fenced and SIGKILL and reap its still-frozen worker before the worker's turn.)
+            for pid in reversed(victims):
                 os.kill(pid, signal.SIGCONT)
             frozen += 1
             # It finds itself fenced and stops by itself: the controller at its next

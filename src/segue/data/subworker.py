@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..run.procs import die_with_parent
 from .driver import dead_rows, default_dead_letter, iter_units
 from .sinks.base import Scope
 
@@ -85,20 +85,6 @@ class _RebuildContext:
                                  data=dict(data) if data is not None else None)
         if stats:
             self._store.add_stats(self.run_id, dict(stats))
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    # As segue.run.worker: a sub-worker must never outlive its coordinator.
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-            import signal
-
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:
-        os._exit(3)
 
 
 class _SubWorker:
@@ -186,7 +172,7 @@ class _SubWorker:
 def main(conn: Connection, parent_pid: int, index: int, recipe: Recipe,
          devices: tuple[int, ...] | None = None) -> None:
     """Entry point of a local sub-worker process; it sees only ``devices`` (if any)."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid, 3)
     if devices:
         # Before anything imports a framework: CUDA reads it once, at initialisation.
         visible = ",".join(str(d) for d in devices)

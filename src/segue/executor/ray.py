@@ -16,7 +16,12 @@ The attempt's output streams back into ``HOME/logs`` (``segue logs``) while it
 runs; its exit report comes back with its exit code.
 
 A data step's sub-workers and a gang's ranks are actors of their own
-(executor.ray_pool); the attempt's actor then holds only its CPUs.
+(executor.ray_pool); the attempt's actor then holds only its CPUs. A data
+step with a fixed number of sub-workers has them *warmed*: their actors are
+created with the attempt's, under names derived from it ($SEGUE_RAY_WARM
+tells the worker which), and their processes start importing at once, so
+that Ray's worker start-up runs beside the attempt's instead of after it.
+The attempt's handle ends them with the attempt.
 
 The cluster's GPUs are one host of segue's device pool (:meth:`RayExecutor.pool_host`),
 so Ray runs queue and preempt one another by priority as local runs do: a
@@ -49,9 +54,10 @@ DRAIN_TIMEOUT_S = 30.0
 KILL_DRAIN_S = 3.0  # how long a kill waits for the output the worker wrote until then
 PROBE_TIMEOUT_S = 5.0
 RAY_ENV = "SEGUE_RAY_ENV"  # the names of more variables a worker on Ray gets
-# Settings of this host that mean nothing on another node.
+WARM_ENV = "SEGUE_RAY_WARM"  # the names of an attempt's warmed sub-worker actors, comma-separated
+# Settings of this host (or of one attempt's worker) that mean nothing on another node.
 _LOCAL = frozenset({"SEGUE_HOME", "SEGUE_FLOW_FILE", "SEGUE_DEVICES", "SEGUE_RAY_NODE_ID",
-                    "SEGUE_RAY_ATTEMPT"})
+                    "SEGUE_RAY_ATTEMPT", WARM_ENV})
 
 # Python's name for "killed by SIGKILL": how a lost actor's attempt is reported.
 ACTOR_LOST = -int(signal.SIGKILL)
@@ -199,9 +205,10 @@ def signal_attempt(address: str, home: str | Path, run_id: str, step: str, epoch
 class RayHandle(WorkerHandle):
     """A started attempt on Ray: polls the actor's ``run`` and streams its output home."""
 
-    def __init__(self, ray: Any, actor: Any, ref: Any, spec: Launch) -> None:
+    def __init__(self, ray: Any, actor: Any, ref: Any, spec: Launch, members: list[Any] | None = None) -> None:
         self.pid = None  # the worker records its own pid and host in the store
         self._ray, self._actor, self._ref, self._spec = ray, actor, ref, spec
+        self._members = members or []  # warmed sub-worker actors: they end with the attempt
         self._offset = 0
         self._pending: Any = None  # an outstanding read_log call
         self._next_read = 0.0
@@ -255,6 +262,12 @@ class RayHandle(WorkerHandle):
                     break
                 self._append(chunk)
 
+    def _end_members(self) -> None:
+        for m in self._members:
+            with contextlib.suppress(Exception):
+                self._ray.kill(m, no_restart=True)
+        self._members = []
+
     # -- WorkerHandle -----------------------------------------------------------------
     def poll(self) -> int | None:
         if self._code is not None:
@@ -267,6 +280,7 @@ class RayHandle(WorkerHandle):
             outcome = self._ray.get(self._ref)
         except Exception as exc:  # RayActorError and kin: the outcome is unknown
             self._code = ACTOR_LOST
+            self._end_members()
             if not self._killed:
                 why = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 self._report({"error": f"the Ray actor of this attempt died ({type(exc).__name__}: "
@@ -278,6 +292,7 @@ class RayHandle(WorkerHandle):
             self._report(outcome["report"])
         self._code = int(outcome["code"])
         self._ray.kill(self._actor)  # its resources go back to the cluster now
+        self._end_members()
         return self._code
 
     def _report(self, doc: dict[str, Any]) -> None:
@@ -296,6 +311,7 @@ class RayHandle(WorkerHandle):
             self._drain(KILL_DRAIN_S)  # a lost node's actor answers at once: with an error
             with contextlib.suppress(Exception):
                 self._ray.kill(self._actor, no_restart=True)
+            self._end_members()
             return
         self._actor.signal.remote(int(sig))  # fire and forget, as os.kill is
 
@@ -306,6 +322,7 @@ class RayExecutor(Executor):
     def __init__(self, address: str = "") -> None:
         self.address = address
         self._actor_cls: Any = None
+        self._member_cls: Any = None
 
     def pool_host(self) -> PoolHost:
         return cluster_pool_host(connect(self.address))
@@ -331,12 +348,44 @@ class RayExecutor(Executor):
         from .ray_node import flow_bundle
 
         bundle = flow_bundle(spec.flow_path)
+        name = actor_name(spec.home, spec.run_id, spec.step, spec.epoch)
+        warm = [member_name(name, i) for i in range(warm_members(spec))]
+        member_env = forwarded_env(env)
+        if warm:
+            env[WARM_ENV] = ",".join(warm)
         opts = actor_options(spec.resources, spec.world_size)
-        opts.update(name=actor_name(spec.home, spec.run_id, spec.step, spec.epoch), namespace="segue")
+        opts.update(name=name, namespace="segue")
         actor = cls.options(**opts).remote()
         ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
                                epoch=spec.epoch, env=env, flow=bundle,
                                flow_name=Path(spec.flow_path).name)
-        log.info("attempt %s epoch %d submitted to Ray (%s)", spec.step, spec.epoch,
-                 {k: v for k, v in opts.items() if k.startswith("num_")})
-        return RayHandle(ray, actor, ref, spec)
+        # After the attempt's own actor, so that Ray starts its process first.
+        members = [self._warm(spec, n, member_env, bundle) for n in warm]
+        log.info("attempt %s epoch %d submitted to Ray (%s; %d warmed sub-workers)", spec.step, spec.epoch,
+                 {k: v for k, v in opts.items() if k.startswith("num_")}, len(members))
+        return RayHandle(ray, actor, ref, spec, members)
+
+    def _warm(self, spec: Launch, name: str, env: dict[str, str], bundle: dict[str, bytes]) -> Any:
+        """Create one sub-worker's actor and start its process now."""
+        from .ray_member import MemberActor
+        from .ray_pool import member_options
+
+        if self._member_cls is None:
+            self._member_cls = import_ray().remote(MemberActor)
+        actor = self._member_cls.options(**member_options(spec.resources), name=name,
+                                         namespace="segue").remote()
+        actor.warm.remote(kind="sub-worker", env=env, flow=bundle, flow_name=Path(spec.flow_path).name)
+        return actor
+
+
+def warm_members(spec: Launch) -> int:
+    """How many sub-workers to warm with the attempt: all of a data step with a fixed
+    number of them. An elastic step grows and shrinks by the pool's grants, and a
+    gang's ranks are placed as one group: theirs start when the worker asks."""
+    lo, hi = spec.resources.workers
+    return hi if spec.world_size == 1 and lo == hi > 1 else 0
+
+
+def member_name(attempt: str, index: int) -> str:
+    """The name of an attempt's warmed sub-worker ``index`` in the "segue" namespace."""
+    return f"{attempt}-m{index}"

@@ -11,12 +11,21 @@ sub-worker does over its pipe. It dies with its actor (``PR_SET_PDEATHSIG``),
 and the actor with its owner, the step's worker. Its output is read back by
 the coordinator (``read_log``) into the attempt's log, as a local sub-worker's
 lands there.
+
+A member may be *warmed*: the controller creates a data step's sub-worker
+actors together with the attempt's own (executor.ray), and ``warm`` starts
+each member process at once, which imports its entry point and then waits on
+its stdin for where to dial. The attempt's worker later finds these actors by
+name and ``run`` hands each its coordinator's address and key, so the Ray
+worker processes and the members' imports start while the attempt's worker
+is still starting, not after it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -48,9 +57,28 @@ class MemberActor:
         # left on the node whatever ends this actor; the coordinator reads it back.
         self._out: int | None = None
 
+    def warm(self, *, kind: str, env: dict[str, str], flow: dict[str, bytes], flow_name: str) -> None:
+        """Start the member process now; it imports its entry point and waits for
+        ``run`` to say where its coordinator listens."""
+        with self._lock:
+            if self._proc is None:
+                self._start(kind, env, flow, flow_name)
+
     def run(self, *, address: tuple[str, int], key: bytes, index: int, kind: str,
             env: dict[str, str], flow: dict[str, bytes], flow_name: str) -> int:
-        """Start the member, wait for it, and return its exit code."""
+        """Start the member (unless it was warmed), tell it where to dial, wait for it,
+        and return its exit code."""
+        with self._lock:
+            proc = self._proc or self._start(kind, env, flow, flow_name)
+            dial = {"address": f"{address[0]}:{address[1]}", "key": key.hex(), "index": index}
+            with contextlib.suppress(OSError):  # it ended already: its exit code says how
+                assert proc.stdin is not None
+                proc.stdin.write(json.dumps(dial).encode() + b"\n")
+                proc.stdin.close()
+        return proc.wait()
+
+    def _start(self, kind: str, env: dict[str, str], flow: dict[str, bytes],
+               flow_name: str) -> subprocess.Popen[bytes]:
         import ray
 
         flow_file = place_flow(flow, flow_name)
@@ -60,22 +88,20 @@ class MemberActor:
             # Ray chose the devices: the member sees exactly those.
             "CUDA_VISIBLE_DEVICES": ",".join(gpus), "SEGUE_DEVICES": ",".join(gpus),
             "SEGUE_FLOW_FILE": str(flow_file), "PYTHONUNBUFFERED": "1",
-            "SEGUE_MEMBER_ADDRESS": f"{address[0]}:{address[1]}", "SEGUE_MEMBER_KEY": key.hex(),
-            "SEGUE_MEMBER_INDEX": str(index), "SEGUE_MEMBER_KIND": kind,
-            "SEGUE_MEMBER_PARENT": str(os.getpid()),
+            "SEGUE_MEMBER_KIND": kind, "SEGUE_MEMBER_PARENT": str(os.getpid()),
             "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address(),
             "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id(),
         })
         log = _scratch() / "logs" / f"member-{os.getpid()}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "w+b") as out, self._lock:  # (read back by read_log)
+        with open(log, "w+b") as out:  # (read back by read_log)
             self._out = os.dup(out.fileno())
             log.unlink()
+            # Where to dial comes on its stdin (the key never sits in its environment).
             self._proc = subprocess.Popen([sys.executable, "-m", "segue.executor.ray_member"],
-                                          stdout=out, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, env=child_env,
-                                          start_new_session=True)
-        return self._proc.wait()
+                                          stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.PIPE,
+                                          env=child_env, start_new_session=True)
+        return self._proc
 
     def read_log(self, offset: int) -> bytes:
         """The member's output from ``offset`` on (at most LOG_CHUNK bytes)."""
@@ -105,10 +131,20 @@ def _localise(recipe: Any) -> Any:
 
 
 def main() -> None:
-    """The member process: dial the coordinator, get the recipe, run the entry point."""
-    host, _, port = os.environ["SEGUE_MEMBER_ADDRESS"].rpartition(":")
-    conn = Client((host, int(port)), authkey=bytes.fromhex(os.environ.pop("SEGUE_MEMBER_KEY")))
-    index = int(os.environ["SEGUE_MEMBER_INDEX"])
+    """The member process: import its entry point, learn where to dial (one line on
+    stdin: the coordinator's address, the attempt's key, its index), dial, get the
+    recipe, run the entry point."""
+    import importlib
+
+    module, name = TARGETS[os.environ["SEGUE_MEMBER_KIND"]]
+    entry = getattr(importlib.import_module(module), name)  # (a warmed member: while it waits)
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return  # its actor ended before it was needed
+    dial = json.loads(line)
+    host, _, port = dial["address"].rpartition(":")
+    conn = Client((host, int(port)), authkey=bytes.fromhex(dial["key"]))
+    index = int(dial["index"])
     # Where this member is; a rank 0 also offers the gang's torch.distributed rendezvous.
     conn.send(("hello", index, os.environ["SEGUE_MEMBER_NODE"], _free_port(),
                os.environ["SEGUE_RAY_NODE_ID"]))
@@ -116,15 +152,11 @@ def main() -> None:
     if msg[0] != "recipe":
         return
     _, recipe, devices = msg
-    module, name = TARGETS[os.environ["SEGUE_MEMBER_KIND"]]
     try:
         recipe = _localise(recipe)
     except Exception as exc:  # noqa: BLE001 - reported as the member's error, as its entry point does
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
-    import importlib
-
-    entry = getattr(importlib.import_module(module), name)
     entry(conn, int(os.environ["SEGUE_MEMBER_PARENT"]), index, recipe, devices)
 
 

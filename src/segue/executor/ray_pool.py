@@ -6,7 +6,9 @@ starts one :class:`~segue.executor.ray_member.MemberActor` per member, each
 asking Ray for one member's resources; a gang's ranks are placed together as
 one placement group (PACK: one node if it fits, several if not). Members dial
 back to a listener of the coordinator with a secret key of this attempt and
-then speak the same protocol as local sub-workers over their pipes.
+then speak the same protocol as local sub-workers over their pipes. A data
+step's sub-workers may already be up: the controller warmed them with the
+attempt (executor.ray, $SEGUE_RAY_WARM), and the pool takes those by name.
 
 A member is lost when its connection ends without its last word, or when
 Ray reports its actor dead (a node lost without closing its sockets); the
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.pool import ConnectionPool, SubWorkerLost
-from .ray import connect, forwarded_env
+from .ray import WARM_ENV, connect, forwarded_env
 from .ray_node import flow_bundle
 
 log = logging.getLogger("segue.executor.ray")
@@ -61,6 +63,9 @@ class RayProcessPool(ConnectionPool):
         self._opts = member_options(resources)
         self._place_timeout = float(os.environ.get(PLACE_TIMEOUT_ENV, PLACE_TIMEOUT_S))
         self._gang = gang
+        # Warmed by the controller (index -> actor name), each taken once.
+        self._warm = dict(enumerate(n for n in os.environ.get(WARM_ENV, "").split(",") if n))
+        self._warmed: set[int] = set()
         self._pg: Any = None
         self._actors: dict[int, Any] = {}
         self._refs: dict[int, Any] = {}
@@ -93,7 +98,8 @@ class RayProcessPool(ConnectionPool):
             if not (isinstance(hello, tuple) and len(hello) == 5 and hello[0] == "hello"):
                 conn.close()
                 continue
-            log.info("%s %d runs on Ray node %s", self._noun, hello[1], hello[4])
+            log.info("%s %d runs on Ray node %s%s", self._noun, hello[1], hello[4],
+                     " (warmed with the attempt)" if hello[1] in self._warmed else "")
             with self._lock:
                 self._hellos[int(hello[1])] = (conn, str(hello[2]), int(hello[3]))
 
@@ -163,15 +169,29 @@ class RayProcessPool(ConnectionPool):
 
     # -- SubWorkerPool ---------------------------------------------------------------------
     def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
-        opts = dict(self._opts)
-        if self._gang:
-            opts["scheduling_strategy"] = self._placement(index)
-        actor = self._cls.options(**opts).remote()
+        actor = self._take_warm(index)
+        if actor is None:
+            opts = dict(self._opts)
+            if self._gang:
+                opts["scheduling_strategy"] = self._placement(index)
+            actor = self._cls.options(**opts).remote()
         self._recipes[index] = (recipe, time.monotonic())
         self._actors[index] = actor
         self._refs[index] = actor.run.remote(
             address=self._listener.address, key=self._key, index=index, kind=self._noun,
             env=forwarded_env(), flow=self._bundle, flow_name=self._flow.name)
+
+    def _take_warm(self, index: int) -> Any:
+        """The actor the controller warmed for member ``index``, once; else None."""
+        name = self._warm.pop(index, None)
+        if name is None:
+            return None
+        try:
+            actor = self._ray.get_actor(name, namespace="segue")
+        except ValueError:  # gone meanwhile: this member starts cold
+            return None
+        self._warmed.add(index)
+        return actor
 
     def _placement(self, index: int) -> Any:
         """A gang's ranks go together: one placement group, one bundle per rank."""

@@ -21,13 +21,13 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._canon import digest
-from ..data.subworker import _die_with_parent
 from ..flow import load_flow
 from ..home import Home
 from . import rng
 from .context import Flags, StepContext
 from .gang import GangAborted, RankRecipe, manifest_digest, shard_path
 from .park import Park
+from .procs import die_with_parent
 from .worker import flow_file, input_loader, save_output
 
 PROGRESS_EVERY_S = 0.25  # rank 0's progress reaches the coordinator at most this often
@@ -143,7 +143,7 @@ def _join_process_group(backend: str, rank: int, recipe: RankRecipe) -> Callable
 
 def main(conn: Connection, parent_pid: int, rank: int, recipe: RankRecipe,
          devices: tuple[int, ...] | None) -> None:
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid, 3)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # pauses come from the coordinator
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)

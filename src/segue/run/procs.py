@@ -7,6 +7,8 @@ holds no resources and will never commit anything.
 from __future__ import annotations
 
 import os
+import signal
+import sys
 import time
 from typing import Any
 
@@ -41,6 +43,21 @@ def pid_alive(pid: int | None) -> bool:
     if tgid and int(tgid) != pid:
         return False  # a thread of another process that reused the id
     return not state or state[0] not in (b"Z", b"X")
+
+
+def die_with_parent(parent_pid: int, code: int) -> None:
+    """Ask Linux to SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``), so
+    no orphan keeps computing; exit with ``code`` at once if the parent already died
+    before that took effect."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(code)
 
 
 def wait_dead(pid: int | None, timeout: float) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import logging
 import os
 import signal
@@ -43,20 +42,9 @@ from .exits import (
     write_exit_report,
 )
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
+from .procs import die_with_parent
 
 log = logging.getLogger("segue.worker")
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Ask Linux to SIGKILL us when the controller dies, so no orphan keeps computing."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(EXIT_ORPHANED)
 
 
 class Heartbeat(threading.Thread):
@@ -155,18 +143,20 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     signal.signal(signal.SIGUSR2, on_checkpoint_signal)
     signal.signal(signal.SIGTERM, on_pause_signal)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C belongs to the controller
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid, EXIT_ORPHANED)
     _faults.set_role("worker", epoch)
 
     store = home.open_store()
     run = store.get_run(run_id)
     storage = home.run_storage(run)
     task = store.get_task(run_id, step)
+    ttl = float(run.options.get("lease_ttl_s", 10.0))
     try:
-        store.set_attempt_pid(run_id, step, epoch, os.getpid(), this_host())
+        # With a fresh lease: the start (imports, a Ray actor's placement) may have
+        # used up most of the one the attempt got when it was launched.
+        store.set_attempt_pid(run_id, step, epoch, os.getpid(), this_host(), ttl_s=ttl)
     except FencedError:
         return EXIT_FENCED
-    ttl = float(run.options.get("lease_ttl_s", 10.0))
     hb = Heartbeat(store, run_id, step, epoch, ttl, flags, parent_pid)
     hb.start()
     _faults.fault_point("worker.started")
