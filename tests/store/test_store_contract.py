@@ -389,18 +389,6 @@ def test_transition_task_to_running_must_go_through_start_attempt(store: Store) 
     assert snapshot(store) == before
 
 
-def test_the_worker_recording_its_pid_renews_the_lease_the_controller_does_not(store: Store) -> None:
-    make_run(store)
-    e = store.start_attempt("r1", "train", ttl_s=1, actor=Actor.CONTROLLER).epoch
-    launched = store.get_task("r1", "train").lease_until
-    store.set_attempt_pid("r1", "train", e, 4242, "node-1")  # the controller, at launch
-    assert store.get_task("r1", "train").lease_until == launched
-    before = store.now()
-    store.set_attempt_pid("r1", "train", e, 4243, "node-1", ttl_s=50)  # the worker, once up
-    rec = store.get_task("r1", "train")
-    assert rec.pid == 4243 and rec.lease_until >= before + 50 > launched
-
-
 def test_leaving_running_clears_the_attempts_claim(store: Store) -> None:
     make_run(store)
     e = store.start_attempt("r1", "train", ttl_s=20, actor=Actor.CONTROLLER).epoch

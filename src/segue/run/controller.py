@@ -56,6 +56,7 @@ class _Attempt:
     pause_signalled: bool = False
     killed_for: str | None = None  # "pause-deadline" | "lease" | "stop" | "cancel"
     outcome: str | None = None  # recorded in the store; set once, so a retried reap skips it
+    up_since: float | None = None  # when its worker was first seen to have recorded its pid
 
 
 @dataclass
@@ -565,8 +566,13 @@ class Controller:
                 # Hung attempt: alive but its heartbeat stopped renewing the lease.
                 # Not yet running (queued by Ray), or its worker not yet started on a node
                 # (it records its own pid first): it cannot have renewed its lease yet.
-                starting = (a.handle.pid is None and t.pid is None
-                            and time.monotonic() - a.started < WORKER_START_S)
+                # Nor for a lease's length after it did: its start may have used up
+                # the lease the attempt got at launch before its first heartbeat.
+                if a.handle.pid is None and t.pid is not None and a.up_since is None:
+                    a.up_since = time.monotonic()
+                starting = a.handle.pid is None and (
+                    time.monotonic() - a.started < WORKER_START_S if t.pid is None
+                    else time.monotonic() - (a.up_since or 0.0) < self.options.lease_ttl_s)
                 if (t.state == TaskState.RUNNING and t.epoch == a.epoch and t.lease_until
                         and t.lease_until < now and a.killed_for is None
                         and not a.handle.waiting() and not starting):

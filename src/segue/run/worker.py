@@ -150,13 +150,11 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     run = store.get_run(run_id)
     storage = home.run_storage(run)
     task = store.get_task(run_id, step)
-    ttl = float(run.options.get("lease_ttl_s", 10.0))
     try:
-        # With a fresh lease: the start (imports, a Ray actor's placement) may have
-        # used up most of the one the attempt got when it was launched.
-        store.set_attempt_pid(run_id, step, epoch, os.getpid(), this_host(), ttl_s=ttl)
+        store.set_attempt_pid(run_id, step, epoch, os.getpid(), this_host())
     except FencedError:
         return EXIT_FENCED
+    ttl = float(run.options.get("lease_ttl_s", 10.0))
     hb = Heartbeat(store, run_id, step, epoch, ttl, flags, parent_pid)
     hb.start()
     _faults.fault_point("worker.started")

@@ -324,11 +324,8 @@ class Store(ABC):
         """
 
     @abstractmethod
-    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str,
-                        ttl_s: float | None = None) -> None:
-        """Record the attempt's process (fenced). With ``ttl_s`` (the worker, once up),
-        the same write renews the lease: a worker that took long to start is not
-        judged hung on the lease its attempt got when it was launched."""
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
+        """Record the attempt's process (fenced)."""
 
     @abstractmethod
     def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:

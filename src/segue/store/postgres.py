@@ -689,15 +689,11 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
         distinct epochs and the second is refused by the state it then sees."""
         return self._write(lambda tx: start_attempt_in(tx, run_id, step, ttl_s=ttl_s, actor=actor))
 
-    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str,
-                        ttl_s: float | None = None) -> None:
-        """Write, READ COMMITTED, fenced under the task's row lock; the lease on the
-        database's clock."""
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
+        """Write, READ COMMITTED, fenced under the task's row lock."""
         def body(tx: Tx) -> None:
             fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=True)
-            t = tx.now()
-            lease = {} if ttl_s is None else {"lease_until": t + ttl_s}
-            update_task(tx, run_id, step, {"pid": pid, "host": host, "updated_at": t, **lease})
+            update_task(tx, run_id, step, {"pid": pid, "host": host, "updated_at": tx.now()})
 
         self._write(body)
 

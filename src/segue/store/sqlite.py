@@ -385,14 +385,11 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
         with self._write() as conn:
             return start_attempt_in(conn, run_id, step, ttl_s=ttl_s, actor=actor, t=self._clock())
 
-    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str,
-                        ttl_s: float | None = None) -> None:
+    def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
             _check_epoch(run_id, step, row, epoch, need_running=True)
-            t = self._clock()
-            lease = {} if ttl_s is None else {"lease_until": t + ttl_s}
-            _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": t, **lease})
+            _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": self._clock()})
 
     def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
         with self._write() as conn:
