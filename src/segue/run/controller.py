@@ -58,6 +58,20 @@ class _Attempt:
     outcome: str | None = None  # recorded in the store; set once, so a retried reap skips it
     up_since: float | None = None  # when its worker was first seen to have recorded its pid
 
+    def starting(self, worker_pid: int | None, ttl_s: float) -> bool:
+        """Whether the lease it got at launch cannot be expected renewed yet: a worker
+        placed elsewhere (Ray) that has not recorded its pid (at most WORKER_START_S),
+        or did so less than a lease ago (its start may have used that lease up
+        before its first heartbeat). A local worker's pid is known at launch."""
+        if self.handle.pid is not None:
+            return False
+        now = time.monotonic()
+        if worker_pid is None:
+            return now - self.started < WORKER_START_S
+        if self.up_since is None:
+            self.up_since = now
+        return now - self.up_since < ttl_s
+
 
 @dataclass
 class Interrupts:
@@ -564,18 +578,9 @@ class Controller:
             t = by_step[step]
             if code is None:
                 # Hung attempt: alive but its heartbeat stopped renewing the lease.
-                # Not yet running (queued by Ray), or its worker not yet started on a node
-                # (it records its own pid first): it cannot have renewed its lease yet.
-                # Nor for a lease's length after it did: its start may have used up
-                # the lease the attempt got at launch before its first heartbeat.
-                if a.handle.pid is None and t.pid is not None and a.up_since is None:
-                    a.up_since = time.monotonic()
-                starting = a.handle.pid is None and (
-                    time.monotonic() - a.started < WORKER_START_S if t.pid is None
-                    else time.monotonic() - (a.up_since or 0.0) < self.options.lease_ttl_s)
                 if (t.state == TaskState.RUNNING and t.epoch == a.epoch and t.lease_until
                         and t.lease_until < now and a.killed_for is None
-                        and not a.handle.waiting() and not starting):
+                        and not a.handle.waiting() and not a.starting(t.pid, self.options.lease_ttl_s)):
                     a.killed_for = "lease"
                     a.handle.kill()
                 continue
