@@ -26,6 +26,7 @@ import json
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from segue._atomic import start_writeback
 from segue.checkpoint import Checkpointer, IntervalPolicy, LocalStorage, load, save
 from segue.checkpoint.blobs import CHUNK, LARGE_BYTES
 from segue.checkpoint.io import DEFAULT_WORKERS
@@ -119,14 +121,30 @@ def _bytes_arr(a: np.ndarray) -> np.ndarray:
 def raw_write(root: Path, lay: Layout, pool: ThreadPoolExecutor) -> None:
     """The disk floor: the same bytes in the same files, each file preallocated whole
     (posix_fallocate, as segue's writer does), pwritten in CHUNK pieces by as many threads
-    as segue's writer uses, then every file fsynced in parallel (no hashing, no manifest)."""
+    as segue's writer uses; each file's writeback started as soon as its last piece is
+    written (sync_file_range, as segue's writer does: it measured 20-25% faster here than
+    writing everything first), then every file fsynced in parallel. No hashing, no manifest."""
     root.mkdir(parents=True, exist_ok=True)
     fds = [os.open(root / f"f{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
            for k in range(len(lay.sizes))]
+    left = [0] * len(fds)
+    for k, _, _ in lay.jobs:
+        left[k] += 1
+    lock = threading.Lock()
+
+    def write(job: tuple[int, int, memoryview]) -> None:
+        k, offset, piece = job
+        os.pwrite(fds[k], piece, offset)
+        with lock:
+            left[k] -= 1
+            last = not left[k]
+        if last:
+            start_writeback(fds[k])
+
     try:
         for fd, size in zip(fds, lay.sizes, strict=True):
             os.posix_fallocate(fd, 0, size)
-        list(pool.map(lambda j: os.pwrite(fds[j[0]], j[2], j[1]), lay.jobs))
+        list(pool.map(write, lay.jobs))
         list(pool.map(os.fsync, fds))
     finally:
         for fd in fds:

@@ -7,7 +7,11 @@ a power cut. A reader sees the old file or the new one, never a torn one.
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import sys
+from collections.abc import Callable
 
 
 def fsync_dir(path: str | os.PathLike[str]) -> None:
@@ -18,6 +22,35 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+@functools.cache
+def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):  # a libc without it
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def start_writeback(fd: int) -> None:
+    """Have the kernel start writing ``fd``'s dirty pages to the device now, without
+    waiting for them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``).
+
+    Durability still takes an ``fsync``, which also reports any write error; this
+    only lets the device work while the caller goes on writing other files. It
+    does nothing where the call does not exist.
+    """
+    fn = _sync_file_range()
+    if fn is not None:
+        fn(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # advisory: the fsync after it reports errors
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:

@@ -243,6 +243,33 @@ def test_gc_grace_period_and_pending_marker_protect_a_concurrent_save(
     assert len(collect_garbage(storage, grace_s=0).deleted) == len(old.files)
 
 
+def test_a_gc_between_a_save_seeing_a_blob_and_its_marker_cannot_lose_the_blob(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The writer checks which blobs exist while it hashes, before its pending marker
+    exists (the marker needs every hash). A GC that runs in between removes blobs the
+    save found and means to reuse; the save must notice and write them itself."""
+    storage = LocalStorage(tmp_path)
+    save(storage, "run/c1", big_state(1, n=2))
+    old = read_manifest(storage, "run/c1")
+    storage.remove("run/c1/MANIFEST.json")  # c1 is gone: its blobs are garbage now
+    reports = []
+    real = LocalStorage.write_bytes_atomic
+
+    def gc_first(self: LocalStorage, relpath: str, data: bytes, **kw: object) -> None:
+        if relpath.startswith("blobs/pending/") and not reports:
+            reports.append(collect_garbage(self, grace_s=0))  # the marker is not there yet
+        real(self, relpath, data, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(LocalStorage, "write_bytes_atomic", gc_first)
+    res = save(storage, "run/c2", big_state(1, n=2))
+    assert len(reports) == 1 and len(reports[0].deleted) == len(old.files)  # the GC landed
+    assert res.stats is not None and res.stats.blobs_reused == 0  # so nothing was reused
+    assert res.stats.written_bytes == res.nbytes
+    verify(storage, "run/c2")
+    assert_same(load(storage, "run/c2").state["layers"][1], big_state(1, n=2)["layers"][1])
+
+
 def test_gc_after_a_killed_save_removes_its_leftovers(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path)
     save(storage, "run/c1", big_state(1, n=2))

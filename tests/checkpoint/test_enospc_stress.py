@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +30,8 @@ from segue import _faults
 from segue import checkpoint as ckpt
 from segue.checkpoint import LocalStorage
 from segue.checkpoint import blobs as blobs_mod
-from segue.checkpoint.blobs import BlobPlan, hash_all, plan
-from segue.checkpoint.jobs import run_all
+from segue.checkpoint.blobs import BlobPlan, hash_blob, plan
+from segue.checkpoint.jobs import JobGroup, run_all
 from segue.checkpoint.storage import TEMP_MARK, BlobClosedError
 from segue.checkpoint.tree import encode
 from segue.checkpoint.writer import write_blobs
@@ -138,7 +138,8 @@ def _plans(n_blobs: int, blob_bytes: int, seed: int) -> list[BlobPlan]:
     rng = np.random.default_rng(seed)
     state = {f"w{i}": rng.integers(0, 256, blob_bytes, dtype=np.uint8) for i in range(n_blobs)}
     plans = plan(encode(state), large_bytes=1)  # every array its own blob
-    hash_all(plans, None)
+    for p in plans:
+        p.key = hash_blob(p)
     return plans
 
 
@@ -348,3 +349,46 @@ def test_run_all_returns_only_after_every_started_job(tmp_path: Path) -> None:
     assert len(outcome) == 1 and isinstance(outcome[0], OSError)
     assert outcome[0].errno == errno.ENOSPC
     assert outcome_finished == ["slow"], "run_all returned while a job was still running"
+
+
+def test_a_job_group_waits_for_jobs_its_jobs_added_and_adds_none_after_a_failure() -> None:
+    """The writer's pipeline: a hashed blob submits its writes from a pool thread. A
+    write that fails must not let join return while a sibling added later still runs,
+    and a job that tries to add work after the failure adds nothing."""
+    started, release = threading.Event(), threading.Event()
+    ran: list[str] = []
+    late: list[Future[None]] = []
+
+    def slow() -> None:
+        started.set()
+        release.wait()
+        ran.append("slow")
+        late.append(group.submit(ran.append, "after the failure"))
+
+    def fail() -> None:
+        assert started.wait(30)
+        raise OSError(errno.ENOSPC, "No space left on device", "blob")
+
+    def first() -> None:  # a job that adds its siblings while it runs
+        group.submit(slow)
+        group.submit(fail)
+
+    outcome: list[BaseException] = []
+    with ThreadPoolExecutor(3) as pool:
+        group = JobGroup(pool)
+        group.submit(first)
+
+        def call() -> None:
+            try:
+                group.join()
+            except BaseException as e:  # noqa: BLE001 - recorded, asserted below
+                outcome.append(e)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        caller.join(timeout=1)
+        assert caller.is_alive(), "join returned while a job it had added still ran"
+        release.set()
+        caller.join(30)
+    assert len(outcome) == 1 and isinstance(outcome[0], OSError) and outcome[0].errno == errno.ENOSPC
+    assert ran == ["slow"] and late and late[0].cancelled()

@@ -65,6 +65,12 @@ class BlobPlan:
         ext = ".bin" if self.kind == "opaque" else ".safetensors"
         return blob_path(self.key, ext)
 
+    def join_segments(self) -> None:
+        """Copy the segments into one buffer when there are several (a pack of small
+        arrays not staged yet): one hash update and one write each, not thousands."""
+        if len(self.segments) > 1:
+            self.segments = [np.concatenate(self.segments)]
+
     def chunks(self) -> Iterator[tuple[int, memoryview]]:
         """(offset, bytes) pieces of at most CHUNK that make up the blob."""
         yield 0, memoryview(self.header)
@@ -262,10 +268,3 @@ def hash_blob(p: BlobPlan) -> str:
     for _, piece in p.chunks():
         hasher.update(piece)
     return hasher.hexdigest()
-
-
-def hash_all(plans: list[BlobPlan], pool: Executor | None) -> None:
-    """Set every plan's key to the xxh3_128 of its bytes (blobs hashed in parallel)."""
-    keys = run_all(pool, hash_blob, plans)
-    for p, k in zip(plans, keys, strict=True):
-        p.key = k

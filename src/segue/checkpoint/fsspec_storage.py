@@ -43,7 +43,8 @@ class FsspecStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def open_write(
-        self, relpath: str, *, before_publish: Callable[[], None] | None = None
+        self, relpath: str, *, before_publish: Callable[[], None] | None = None,
+        durable: bool = True,  # a PUT is durable when it returns: nothing to skip
     ) -> Iterator[BinaryIO]:
         if not check_relpath(relpath).parts:
             raise ValueError("storage path '' names the root; pass a file path")

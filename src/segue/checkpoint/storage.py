@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, cast
 
-from .._atomic import fsync_dir
+from .._atomic import fsync_dir, start_writeback
 from .._faults import fault_point
 from .jobs import run_all
 
@@ -75,6 +75,10 @@ class BlobWriter(ABC):
     def commit(self, before_publish: Callable[[], None] | None = None) -> None:
         """Make the bytes durable, then visible at the path."""
 
+    def written(self) -> None:  # noqa: B027 - optional: most writers have nothing to start
+        """Every byte has been written: start making them durable, if that can start
+        before the commit (a local file's fsync can). Commit still finishes the job."""
+
     @abstractmethod
     def abort(self) -> None: ...
 
@@ -106,18 +110,24 @@ class CheckpointStorage(ABC):
 
     @abstractmethod
     def open_write(
-        self, relpath: str, *, before_publish: Callable[[], None] | None = None
+        self, relpath: str, *, before_publish: Callable[[], None] | None = None,
+        durable: bool = True,
     ) -> AbstractContextManager[BinaryIO]:
         """A writable file that appears at ``relpath`` atomically and durably on exit.
 
         On an exception nothing appears. ``before_publish`` runs once the bytes are
-        durable but not yet visible (a seam for fault injection).
+        durable but not yet visible (a seam for fault injection). ``durable=False``
+        skips the fsyncs: the file still appears whole or not at all to every reader,
+        but a power loss may take it (or leave it empty). It is for files that only
+        matter while their writer lives, like a save's pending marker, whose fsync
+        would also flush every dirty page of the filesystem's journal transaction.
         """
 
     def write_bytes_atomic(
-        self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None
+        self, relpath: str, data: bytes, *, before_publish: Callable[[], None] | None = None,
+        durable: bool = True,
     ) -> None:
-        with self.open_write(relpath, before_publish=before_publish) as f:
+        with self.open_write(relpath, before_publish=before_publish, durable=durable) as f:
             f.write(data)
 
     @abstractmethod
@@ -224,12 +234,13 @@ class LocalStorage(CheckpointStorage):
 
     @contextlib.contextmanager
     def open_write(
-        self, relpath: str, *, before_publish: Callable[[], None] | None = None
+        self, relpath: str, *, before_publish: Callable[[], None] | None = None,
+        durable: bool = True,
     ) -> Iterator[BinaryIO]:
         final = self._abs(relpath)
         if final == self.root:
             raise ValueError("storage path '' names the root; pass a file path")
-        self._makedirs(final.parent)
+        self._makedirs(final.parent, sync=durable)
         # Same directory as the final name, so os.replace is a rename within one
         # filesystem, which POSIX makes atomic.
         tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
@@ -239,7 +250,8 @@ class LocalStorage(CheckpointStorage):
             f.flush()
             # The data must be on disk before the rename makes it visible; otherwise a
             # crash could publish a name that points at missing or zeroed blocks.
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
             f.close()
             if before_publish is not None:
                 before_publish()
@@ -249,8 +261,8 @@ class LocalStorage(CheckpointStorage):
             with contextlib.suppress(FileNotFoundError):
                 tmp.unlink()
             raise
-        # Make the rename itself durable.
-        fsync_dir(final.parent)
+        if durable:  # make the rename itself durable
+            fsync_dir(final.parent)
 
     def open_read(self, relpath: str) -> BinaryIO:
         return open(self._abs(relpath), "rb")
@@ -445,6 +457,12 @@ class _LocalBlobWriter(BlobWriter):
         self.publish(before_publish)
         for d in sorted(self.dirs):
             fsync_dir(d)
+
+    def written(self) -> None:
+        # The device writes this blob while later ones are still hashed and copied;
+        # the thread is free at once (an fsync here held it for tens of ms).
+        with self._fd.use() as fd:
+            start_writeback(fd)
 
     def sync(self) -> None:
         """Make the bytes durable and close the file (step 1 of :meth:`commit`)."""
