@@ -1,6 +1,6 @@
 """Checkpoint benchmark: segue against the disk, memcpy and its peers, on one state.
 
-    python -m benchmarks.checkpoint --quick --json     # ~60 s on 2 cores
+    python -m benchmarks.checkpoint --quick --json     # ~80 s on 2 cores
     python -m benchmarks.checkpoint --json             # >= 2 GiB of state
 
 The state is large float32 arrays plus 2,000 small ones. Measured: the physical
@@ -26,7 +26,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from segue._atomic import start_writeback
 from segue.checkpoint import Checkpointer, IntervalPolicy, LocalStorage, load, save
-from segue.checkpoint.blobs import CHUNK, LARGE_BYTES
+from segue.checkpoint.blobs import CHUNK
 from segue.checkpoint.io import DEFAULT_WORKERS
 
 from . import _probe as pb
+from ._floors import Layout, bytes_arr, raw_write
 
 MiB = 1 << 20
 
@@ -96,61 +95,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t, out
 
 
-class Layout:
-    """The bytes segue writes, laid out as it lays them out: each large array a file of
-    its own, the small ones packed in one. Made once, before the clock: the floors get
-    the small arrays already packed (segue packs them inside its timed save), so they
-    are never slower than the physical work, and no Python loop per small array is timed."""
-
-    def __init__(self, arrs: list[np.ndarray]) -> None:
-        self.large = [a for a in arrs if a.nbytes >= LARGE_BYTES]
-        self.small = [a for a in arrs if a.nbytes < LARGE_BYTES]
-        self.packed = (np.concatenate([_bytes_arr(a) for a in self.small]) if self.small
-                       else np.empty(0, np.uint8))
-        files = [_bytes_arr(a) for a in self.large] + ([self.packed] if self.small else [])
-        self.sizes = [f.nbytes for f in files]
-        # (file, offset, piece) jobs of at most CHUNK bytes
-        self.jobs = [(k, s, memoryview(f[s : s + CHUNK])) for k, f in enumerate(files)
-                     for s in range(0, f.nbytes, CHUNK)]
-
-
-def _bytes_arr(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1).view(np.uint8)
-
-
-def raw_write(root: Path, lay: Layout, pool: ThreadPoolExecutor) -> None:
-    """The disk floor: the same bytes in the same files, each file preallocated whole
-    (posix_fallocate, as segue's writer does), pwritten in CHUNK pieces by as many threads
-    as segue's writer uses; each file's writeback started as soon as its last piece is
-    written (sync_file_range, as segue's writer does: it measured 20-25% faster here than
-    writing everything first), then every file fsynced in parallel. No hashing, no manifest."""
-    root.mkdir(parents=True, exist_ok=True)
-    fds = [os.open(root / f"f{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-           for k in range(len(lay.sizes))]
-    left = [0] * len(fds)
-    for k, _, _ in lay.jobs:
-        left[k] += 1
-    lock = threading.Lock()
-
-    def write(job: tuple[int, int, memoryview]) -> None:
-        k, offset, piece = job
-        os.pwrite(fds[k], piece, offset)
-        with lock:
-            left[k] -= 1
-            last = not left[k]
-        if last:
-            start_writeback(fds[k])
-
-    try:
-        for fd, size in zip(fds, lay.sizes, strict=True):
-            os.posix_fallocate(fd, 0, size)
-        list(pool.map(write, lay.jobs))
-        list(pool.map(os.fsync, fds))
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
 def raw_read(root: Path, nbytes: int, pool: ThreadPoolExecutor) -> np.ndarray:
     """The cold-read floor: every file back into one buffer, by the reader's thread count."""
     buf = np.empty(nbytes, dtype=np.uint8)
@@ -177,10 +121,10 @@ def memcpy(lay: Layout, dst: list[np.ndarray], pool: ThreadPoolExecutor | None) 
     large array, then one for the packed small ones."""
     jobs: list[tuple[np.ndarray, Any]] = []
     for a, d in zip(lay.large, dst, strict=False):
-        src, out = _bytes_arr(a), _bytes_arr(d)
+        src, out = bytes_arr(a), bytes_arr(d)
         jobs += [(out[s : s + CHUNK], src[s : s + CHUNK]) for s in range(0, src.nbytes, CHUNK)]
     if lay.small:
-        jobs.append((dst[-1], [_bytes_arr(a) for a in lay.small]))
+        jobs.append((dst[-1], [bytes_arr(a) for a in lay.small]))
 
     def copy(job: tuple[np.ndarray, Any]) -> None:
         out, src = job
@@ -316,7 +260,7 @@ GOALS = {"save_vs_disk": (">=", 0.9), "block_vs_memcpy": ("<=", 1.5)}
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.checkpoint")
     mode = ap.add_mutually_exclusive_group()
-    mode.add_argument("--quick", action="store_true", help="small state, ~60 s on 2 cores")
+    mode.add_argument("--quick", action="store_true", help="small state, ~80 s on 2 cores")
     mode.add_argument("--smoke", action="store_true",
                       help="tiny state, one try, no peers: checks the benchmark runs (CI)")
     ap.add_argument("--json", action="store_true", help="(kept for the CLI contract) JSON last")
@@ -326,11 +270,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mtbf", type=float, default=None,
                     help="MTBF for the auto interval of the loop (default 60 s quick, 1 h full)")
     ap.add_argument("--reps", type=int, default=None,
-                    help="tries of every side, interleaved (default 3; smoke 1)")
+                    help="tries of every side, interleaved (default 5; smoke 1)")
     ap.add_argument("--no-peers", action="store_true")
     a = ap.parse_args(argv)
     if a.reps is None:
-        a.reps = 1 if a.smoke else 3
+        a.reps = 1 if a.smoke else 5  # this disk's speed moves 2-4x between tries
     large_mib = a.large_mib or (8 if a.smoke else 256 if a.quick else 2048)
     n_large = 4 if a.smoke else 16 if a.quick else 32
     n_small = 50 if a.smoke else 2000

@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +32,7 @@ from segue.checkpoint import (
     verify,
 )
 from segue.checkpoint.blobs import BLOB_DIR
+from segue.checkpoint.io import SaveResult
 from segue.checkpoint.retention import temp_files
 from segue.errors import CheckpointCorruptError, CheckpointError, InjectedFault
 
@@ -143,6 +145,51 @@ def test_async_failure_is_raised_at_the_next_call(
     assert list_dir_checkpoints(storage, "run") == ["run/c2"]
     with pytest.raises(CheckpointError, match=r"^checkpointer is closed"):
         ck.save_async("run/c3", {})
+
+
+def test_a_blocking_save_writes_in_line_after_earlier_saves_and_raises_its_own_failure(
+    tmp_path: Path, faults: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Checkpointer.save: the caller waits anyway, so nothing is copied into the host
+    buffer first; earlier async saves are durable before it starts; its failure raises
+    at once, and not again at the next call."""
+    from segue import _faults
+    from segue.checkpoint import blobs
+
+    storage = LocalStorage(tmp_path)
+    gate = threading.Event()
+    staged: list[int] = []
+    real_stage = blobs.stage
+
+    def counted_stage(*args: Any) -> Any:
+        staged.append(1)
+        return real_stage(*args)
+
+    def c1_durable(result: SaveResult) -> None:
+        assert gate.wait(10)
+        order.append(result.path)
+
+    monkeypatch.setattr(blobs, "stage", counted_stage)
+    order: list[str] = []
+    with Checkpointer(storage) as ck:
+        ck.save_async("run/c1", big_state(1), on_durable=c1_durable)
+        waiter = threading.Thread(target=lambda: order.append(ck.save("run/c2", big_state(2)).path))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and order == []  # c2 waits for c1, which waits for the gate
+        gate.set()
+        waiter.join(30)
+        assert order == ["run/c1", "run/c2"]
+        assert staged == [1]  # only the async save was staged
+        cost = ck.last_cost
+        assert cost is not None and cost.path == "run/c2" and cost.background_s == 0.0
+        _faults.rearm("checkpoint.blob_written:raise")
+        with pytest.raises(InjectedFault):
+            ck.save("run/c3", big_state(3))
+        _faults.rearm("")
+        ck.save("run/c4", big_state(4))  # the failure was raised once, where it happened
+    assert list_dir_checkpoints(storage, "run") == ["run/c1", "run/c2", "run/c4"]
+    assert load(storage, "run/c2").state["step"] == 2
 
 
 def test_at_most_n_in_flight(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from ..errors import CheckpointError
 from . import blobs as _blobs
 from .io import DEFAULT_WORKERS, SaveResult, _norm, check_meta, refuse_existing, versions
 from .storage import CheckpointStorage
-from .tree import encode
+from .tree import Encoded, encode
 from .writer import write_checkpoint
 
 
@@ -132,12 +132,7 @@ class Checkpointer:
         """
         self._check_open()
         self._raise_pending_error()
-        path = _norm(path)
-        fault_point("checkpoint.start")
-        refuse_existing(self.storage, path)
-        enc = encode(state, allow_pickle=self.allow_pickle)
-        meta_json = check_meta(meta or {})
-        plans = _blobs.plan(enc)
+        path, enc, meta_json, plans = self._plan(path, state, meta)
         arena = self._arenas.get()  # backpressure: wait for a free slot
         t0 = time.perf_counter()
         try:
@@ -164,15 +159,63 @@ class Checkpointer:
         *,
         meta: Mapping[str, Any] | None = None,
         tags: Sequence[str] = (),
+        on_durable: Callable[[SaveResult], None] | None = None,
     ) -> SaveResult:
-        """Save and wait until the manifest is durable."""
-        fut = self.save_async(path, state, meta=meta, tags=tags)
-        try:
-            return fut.result()
-        finally:
-            with self._lock:  # already raised here: do not raise it again next call
-                if fut.exception() is not None and self._error is fut.exception():
-                    self._error = None
+        """Save and return once the manifest is durable (and ``on_durable`` has run).
+
+        The caller waits anyway, so nothing is staged: the arrays are hashed and
+        written from where they are, and must not change until this returns. Every
+        save submitted earlier is durable first (its failure raises here), so saves
+        still become durable in order. A failure raises here, not at the next call.
+        """
+        self.wait()
+        self._check_open()
+        path, enc, meta_json, plans = self._plan(path, state, meta)
+        return self._publish(path, plans, meta=meta_json, tags=tuple(tags), tree=enc.tree,
+                             on_durable=on_durable, blocked_since=time.perf_counter())
+
+    def _plan(self, path: str, state: Any, meta: Mapping[str, Any] | None
+              ) -> tuple[str, Encoded, dict[str, Any], list[_blobs.BlobPlan]]:
+        """Check and encode a save before any byte is written (a state that cannot be
+        stored writes nothing): its path, encoding, meta and blob plans."""
+        path = _norm(path)
+        fault_point("checkpoint.start")
+        refuse_existing(self.storage, path)
+        enc = encode(state, allow_pickle=self.allow_pickle)
+        return path, enc, check_meta(meta or {}), _blobs.plan(enc)
+
+    def _publish(
+        self,
+        path: str,
+        plans: list[_blobs.BlobPlan],
+        *,
+        meta: dict[str, Any],
+        tags: tuple[str, ...],
+        tree: Any,
+        on_durable: Callable[[SaveResult], None] | None,
+        blocking_s: float = 0.0,
+        blocked_since: float | None = None,
+    ) -> SaveResult:
+        """Write ``plans`` as checkpoint ``path``, record its cost, run ``on_durable``.
+
+        ``blocked_since``: the caller waits for this write (:meth:`save`), so all of it
+        is blocking time."""
+        manifest, stats = write_checkpoint(
+            self.storage, path, plans, tree=tree, meta=meta, versions=versions(),
+            tags=tags, pool=self._io_pool, known=self._known,
+        )
+        result = SaveResult(
+            path, sum(f.size for f in manifest.files.values()), manifest.files, manifest, stats
+        )
+        if blocked_since is None:
+            self.last_cost = SaveCost(path, blocking_s, stats.seconds, stats.written_bytes,
+                                      result.nbytes)
+        else:
+            self.last_cost = SaveCost(path, time.perf_counter() - blocked_since, 0.0,
+                                      stats.written_bytes, result.nbytes)
+        if on_durable is not None:
+            on_durable(result)
+        return result
 
     def _write(
         self,
@@ -187,18 +230,8 @@ class Checkpointer:
     ) -> SaveResult:
         meta, tags = tree_meta
         try:
-            manifest, stats = write_checkpoint(
-                self.storage, path, staged, tree=tree, meta=meta, versions=versions(),
-                tags=tags, pool=self._io_pool, known=self._known,
-            )
-            result = SaveResult(
-                path, sum(f.size for f in manifest.files.values()), manifest.files, manifest, stats
-            )
-            self.last_cost = SaveCost(path, blocking_s, stats.seconds, stats.written_bytes,
-                                      result.nbytes)
-            if on_durable is not None:
-                on_durable(result)
-            return result
+            return self._publish(path, staged, meta=meta, tags=tags, tree=tree,
+                                 on_durable=on_durable, blocking_s=blocking_s)
         except BaseException as e:
             with self._lock:
                 self._error = e

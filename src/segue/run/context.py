@@ -296,11 +296,14 @@ class StepContext:
             self.commit(seq, path, pos, nbytes=saved.nbytes + self._manifest_size(path),
                         duration_s=time.perf_counter() - t0, progress=progress)
 
-        self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
-                                on_durable=on_durable)
-        self.saved(self._cur_steps)
         if durable or self._flags.pause_requested:
-            self._writer.wait()  # committed (a pause too waits for the save in flight)
+            # Committed on return (a pause too waits for it): written in line, nothing staged.
+            self._writer.save(path, {"state": state, "rng": rng.capture()}, meta=meta,
+                              on_durable=on_durable)
+        else:
+            self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
+                                    on_durable=on_durable)
+        self.saved(self._cur_steps)
         if self._flags.pause_requested:
             raise Park()
 
@@ -329,9 +332,10 @@ class StepContext:
         self._flags.checkpoint_requested = False
 
     def commit(self, seq: int, path: str, position: Any, *, nbytes: int, duration_s: float,
-               progress: tuple[float, float | None] | None) -> None:
+               progress: tuple[float, float | None] | None, prune: bool = True) -> None:
         """Record checkpoint ``seq`` (durable at ``path``) in the store, fenced by this
-        attempt's epoch: the commit point. Then prune past the retention."""
+        attempt's epoch: the commit point. Then prune past the retention, unless the
+        caller calls :meth:`apply_retention` itself later (a gang, once its ranks go on)."""
         self._store.commit_checkpoint(
             self.run_id, self.step, self.epoch, seq=seq, path=path, position=position,
             nbytes=nbytes, duration_s=round(duration_s, 6),
@@ -339,7 +343,8 @@ class StepContext:
         if progress is not None:
             self._store.report_progress(self.run_id, self.step, self.epoch, *progress)
         _faults.fault_point("ctx.after_commit")
-        self._apply_retention()
+        if prune:
+            self.apply_retention()
 
     # -- internals -----------------------------------------------------------
     def _manifest_size(self, path: str) -> int:
@@ -383,7 +388,7 @@ class StepContext:
         except Exception:  # noqa: S110 - the failure itself is re-raised to the step
             pass
 
-    def _apply_retention(self) -> None:
+    def apply_retention(self) -> None:
         """Keep the newest ``keep_checkpoints`` committed checkpoints; prune older ones.
 
         The store marks one pruned before its files go, so a restore never

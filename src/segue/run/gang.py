@@ -320,11 +320,12 @@ class Gang:
         nbytes = saved.nbytes + sum(r["nbytes"] for r in ranks)
         position = {"ranks": [v.votes[r][2] for r in range(self.n)]}
         self.ctx.commit(v.seq, v.path, position, nbytes=nbytes, duration_s=time.perf_counter() - v.t0,
-                        progress=self.ctx.reported_progress)
+                        progress=self.ctx.reported_progress, prune=False)
         self.ctx.saved(v.steps)
         self._voting = None
         for r in range(self.n):
             self.pool.send(r, ("committed", v.seq, v.park))
+        self.ctx.apply_retention()  # while the ranks go on: the next round waits for this loop anyway
 
     def _abort(self) -> None:
         """Remove the checkpoint being taken: without its store record it never existed."""

@@ -84,13 +84,13 @@ class RankContext(StepContext):
         (seq, path), self._assigned = self._assigned, None
         shard = shard_path(path, self.rank)
         pos = position if position is not None else {"seq": seq, "steps": self._cur_steps}
-        # The step's own pipelined writer, waited on: a vote comes only after durability.
+        # Written in line (a vote comes only after durability, so nothing is staged).
         mine = None if replicated and self.rank else state  # rank 0's copy stands for all
-        saved = self._writer.save_async(
+        saved = self._writer.save(
             shard, {"state": mine, "rng": rng.capture()},
             meta={"run_id": self.run_id, "step": self.step, "seq": seq, "epoch": self.epoch,
                   "rank": self.rank, "position": pos, "replicated": replicated,
-                  "code_fingerprint": self._fingerprint}).result()
+                  "code_fingerprint": self._fingerprint})
         sha, size = manifest_digest(self._storage, shard)
         _faults.fault_point("gang.before_vote")
         self._conn.send(("vote", seq, sha, saved.nbytes + size, pos, replicated))
