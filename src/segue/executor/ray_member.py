@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -35,7 +34,7 @@ import threading
 from multiprocessing.connection import Client
 from typing import Any
 
-from .ray_node import LOG_CHUNK, _scratch, child_environment, node_home, place_flow
+from .ray_node import LOG_CHUNK, _scratch, actor_child_environment, node_home, signal_child
 
 # What a member runs, by name (the child imports only the one it needs).
 TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
@@ -81,17 +80,9 @@ class MemberActor:
                flow_name: str) -> subprocess.Popen[bytes]:
         import ray
 
-        flow_file = place_flow(flow, flow_name)
-        gpus = [str(g) for g in ray.get_gpu_ids()]
-        child_env = child_environment(env)
-        child_env.update({
-            # Ray chose the devices: the member sees exactly those.
-            "CUDA_VISIBLE_DEVICES": ",".join(gpus), "SEGUE_DEVICES": ",".join(gpus),
-            "SEGUE_FLOW_FILE": str(flow_file), "PYTHONUNBUFFERED": "1",
-            "SEGUE_MEMBER_KIND": kind, "SEGUE_MEMBER_PARENT": str(os.getpid()),
-            "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address(),
-            "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id(),
-        })
+        child_env = actor_child_environment(env, flow, flow_name)
+        child_env.update({"SEGUE_MEMBER_KIND": kind, "SEGUE_MEMBER_PARENT": str(os.getpid()),
+                          "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address()})
         log = _scratch() / "logs" / f"member-{os.getpid()}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w+b") as out:  # (read back by read_log)
@@ -111,9 +102,7 @@ class MemberActor:
     def signal(self, signum: int) -> None:
         with self._lock:
             proc = self._proc
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.Signals(signum))
+        signal_child(proc, signum)
 
 
 def _localise(recipe: Any) -> Any:

@@ -94,6 +94,28 @@ def child_environment(env: dict[str, str]) -> dict[str, str]:
     return {**ambient, **env}
 
 
+def actor_child_environment(env: dict[str, str], flow: dict[str, bytes],
+                            flow_name: str) -> dict[str, str]:
+    """The environment of the process an actor starts (a worker, a member): the
+    controller's settings (:func:`child_environment`), the flow placed on this node,
+    and exactly the devices Ray gave the actor."""
+    import ray
+
+    gpus = ",".join(str(g) for g in ray.get_gpu_ids())
+    return {**child_environment(env), "CUDA_VISIBLE_DEVICES": gpus, "SEGUE_DEVICES": gpus,
+            "SEGUE_FLOW_FILE": str(place_flow(flow, flow_name)), "PYTHONUNBUFFERED": "1",
+            "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id()}
+
+
+def signal_child(proc: subprocess.Popen[bytes] | None, signum: int) -> bool:
+    """Deliver ``signum`` to an actor's child; False once it ended (or before it started)."""
+    if proc is None or proc.poll() is not None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.Signals(signum))
+    return True
+
+
 def node_home(home: str, env: dict[str, str]) -> Path | str:
     """The segue home a worker on this node uses, or one line on why there is none.
 
@@ -147,20 +169,13 @@ class AttemptActor:
         if isinstance(where, str):  # this node cannot reach the run's store
             return {"code": 1, "report": {"error": where, "traceback": "", "retryable": False}}
         home = str(where)
-        flow_file = place_flow(flow, flow_name)
         log_dir = _scratch() / "logs" / run_id
         log_dir.mkdir(parents=True, exist_ok=True)
         # Its own file (a run id and epoch may recur across homes and sessions).
         self._log = log_dir / f"{step}.e{epoch}.{uuid.uuid4().hex[:12]}.log"
-        gpus = [str(g) for g in ray.get_gpu_ids()]
-        child_env = child_environment(env)
-        # Ray chose the devices: the worker sees exactly those.
-        child_env["CUDA_VISIBLE_DEVICES"] = child_env["SEGUE_DEVICES"] = ",".join(gpus)
-        child_env["SEGUE_FLOW_FILE"] = str(flow_file)
-        child_env["SEGUE_RAY_NODE_ID"] = ray.get_runtime_context().get_node_id()
+        child_env = actor_child_environment(env, flow, flow_name)
         # The worker's members (sub-workers, ranks) become actors of this cluster.
         child_env["SEGUE_RAY_ATTEMPT"] = ray.get_runtime_context().gcs_address
-        child_env["PYTHONUNBUFFERED"] = "1"
         cmd = [sys.executable, "-m", "segue._worker_main", "--home", home, "--run", run_id,
                "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid())]
         with open(self._log, "wb") as out:
@@ -182,11 +197,7 @@ class AttemptActor:
         """Deliver a signal to the worker; False once it ended (or before it started)."""
         with self._lock:
             proc = self._proc
-        if proc is None or proc.poll() is not None:
-            return False
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.Signals(signum))
-        return True
+        return signal_child(proc, signum)
 
     def discard_log(self) -> None:
         """Remove this node's copy of the output once the controller has all of it."""
