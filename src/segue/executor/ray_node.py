@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -148,6 +149,7 @@ class AttemptActor:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Path | None = None
         self._lock = threading.Lock()
+        self._raylet = os.getppid()  # Ray starts its workers from the node's raylet
 
     def node(self) -> dict[str, Any]:
         """Where this actor runs: the Ray node, the pid, the devices Ray gave it."""
@@ -191,7 +193,23 @@ class AttemptActor:
         path = exit_report_path(Home.resolve(home), run_id, step, epoch)
         with contextlib.suppress(OSError, ValueError):
             report = json.loads(path.read_text())
+        if report is None and code == -signal.SIGKILL and self._raylet_gone():
+            # The node is going down and took the worker first; this actor may still
+            # answer before it goes too. Say so, as the actor's own death would.
+            report = {"error": "the Ray actor of this attempt died with its node (the node's raylet "
+                               "ended and the worker was killed); its node is lost",
+                      "traceback": "", "retryable": True}
         return {"code": code, "report": report}
+
+    def _raylet_gone(self, wait_s: float = 1.0) -> bool:
+        """Whether this node's raylet ended (this process was reparented), waiting up to
+        ``wait_s`` for it: a worker SIGKILLed on a healthy node is the rare case."""
+        deadline = time.monotonic() + wait_s
+        while os.getppid() == self._raylet:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def signal(self, signum: int) -> bool:
         """Deliver a signal to the worker; False once it ended (or before it started)."""
