@@ -262,17 +262,12 @@ class RayHandle(WorkerHandle):
     def _drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
         """Fetch what is left of the output: once the worker ended, or before its actor
         is killed (what the worker wrote until then would go with the actor)."""
-        deadline = time.monotonic() + timeout
-        with contextlib.suppress(Exception):
-            if self._pending is not None:
-                self._append(self._ray.get(self._pending, timeout=timeout))
-                self._pending = None
-            while time.monotonic() < deadline:
-                chunk = self._ray.get(self._actor.read_log.remote(self._offset), timeout=timeout)
-                if not chunk:
-                    self._ray.get(self._actor.discard_log.remote(), timeout=timeout)
-                    break
-                self._append(chunk)
+        from .ray_node import drain_log
+
+        pending, self._pending = self._pending, None
+        with contextlib.suppress(Exception):  # a lost actor's output is lost with its node
+            if drain_log(self._ray, self._actor, self._offset, pending, timeout, self._append):
+                self._ray.get(self._actor.discard_log.remote(), timeout=timeout)
 
     def _end_members(self) -> None:
         for m in self._members:

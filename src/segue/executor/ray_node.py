@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,29 @@ def signal_child(proc: subprocess.Popen[bytes] | None, signum: int) -> bool:
     with contextlib.suppress(ProcessLookupError):
         proc.send_signal(signal.Signals(signum))
     return True
+
+
+def drain_log(ray: Any, actor: Any, offset: int, pending: Any, timeout: float,
+              take: Callable[[bytes], None]) -> bool:
+    """Read an actor's output (``read_log``) from ``offset`` to its end into ``take``,
+    an outstanding read (``pending``) first, within ``timeout`` in all; True once the
+    end was reached. A lost actor raises, as ``ray.get`` does."""
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.01, deadline - time.monotonic())
+
+    if pending is not None:
+        chunk = bytes(ray.get(pending, timeout=left()))
+        offset += len(chunk)
+        take(chunk)
+    while time.monotonic() < deadline:
+        chunk = bytes(ray.get(actor.read_log.remote(offset), timeout=left()))
+        if not chunk:
+            return True
+        offset += len(chunk)
+        take(chunk)
+    return False
 
 
 def node_home(home: str, env: dict[str, str]) -> Path | str:

@@ -37,7 +37,7 @@ from typing import Any
 from ..data.pool import ConnectionPool, SubWorkerLost
 from .ray import WARM_ENV, connect, forwarded_env, import_ray
 from .ray_dial import DialListener
-from .ray_node import flow_bundle
+from .ray_node import drain_log, flow_bundle
 
 log = logging.getLogger("segue.executor.ray")
 
@@ -326,14 +326,8 @@ class RayProcessPool(ConnectionPool):
         if actor is None:
             return
         out = out or [0, None, b""]
-        deadline = time.monotonic() + DRAIN_S
-        if out[1] is not None:
-            self._took(out, self._get(out[1], DRAIN_S))
-        while time.monotonic() < deadline:
-            chunk = self._get(actor.read_log.remote(out[0]), DRAIN_S)
-            if not chunk:
-                break
-            self._took(out, chunk)
+        with contextlib.suppress(Exception):  # a lost actor's output is lost with its node
+            drain_log(self._ray, actor, out[0], out[1], DRAIN_S, lambda chunk: self._took(out, chunk))
         if out[2]:
             _emit(out[2] + b"\n")
 
