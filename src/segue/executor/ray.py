@@ -21,10 +21,7 @@ step with a fixed number of sub-workers has them *warmed*: their actors are
 created with the attempt's, under names derived from it ($SEGUE_RAY_WARM
 tells the worker which), and their processes start importing at once, so
 that Ray's worker start-up runs beside the attempt's instead of after it.
-They dial the worker's listener, which the attempt's actor opens before it
-starts the worker (executor.ray_dial), so the worker's own joining of Ray is
-not on the way to the first record either. The attempt's handle ends them
-with the attempt.
+The attempt's handle ends them with the attempt.
 
 The cluster's GPUs are one host of segue's device pool (:meth:`RayExecutor.pool_host`),
 so Ray runs queue and preempt one another by priority as local runs do: a
@@ -42,7 +39,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -87,21 +83,13 @@ def _probe(address: str) -> None:
                          "start it with `ray start --head` or pass --ray-address HOST:PORT") from None
 
 
-def _not_main_thread_note(record: logging.LogRecord) -> bool:
-    return "is not the main thread" not in record.getMessage()
-
-
 def connect(address: str) -> Any:
     """Join the Ray cluster at ``address`` ("": $RAY_ADDRESS, else a new local one) once."""
     ray = import_ray()
     if not ray.is_initialized():
         _probe(address)
         # ray.init may install its own SIGINT/SIGTERM handlers: the controller's stay.
-        # (Only the main thread has them; a worker may join Ray from another.)
-        main = threading.current_thread() is threading.main_thread()
-        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
-        if not main:  # Ray says so on every such join; nothing is amiss
-            logging.getLogger("ray._private.worker").addFilter(_not_main_thread_note)
+        saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             ray.init(address=address or None, namespace="segue", log_to_driver=False,
                      include_dashboard=False, configure_logging=False)
@@ -363,13 +351,11 @@ class RayExecutor(Executor):
         opts = actor_options(spec.resources, spec.world_size)
         opts.update(name=name, namespace="segue")
         actor = cls.options(**opts).remote()
-        # After the attempt's own actor, so that Ray starts its process first; the
-        # attempt's actor tells them where to dial as soon as it started the worker.
-        members = [self._warm(spec, n, member_env, bundle) for n in warm]
         ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
                                epoch=spec.epoch, env=env, flow=bundle,
-                               flow_name=Path(spec.flow_path).name, members=members,
-                               member_env=member_env)
+                               flow_name=Path(spec.flow_path).name)
+        # After the attempt's own actor, so that Ray starts its process first.
+        members = [self._warm(spec, n, member_env, bundle) for n in warm]
         log.info("attempt %s epoch %d submitted to Ray (%s; %d warmed sub-workers)", spec.step, spec.epoch,
                  {k: v for k, v in opts.items() if k.startswith("num_")}, len(members))
         return RayHandle(ray, actor, ref, spec, members)

@@ -15,13 +15,10 @@ lands there.
 A member may be *warmed*: the controller creates a data step's sub-worker
 actors together with the attempt's own (executor.ray), and ``warm`` starts
 each member process at once, which imports its entry point and then waits on
-its stdin for where to dial. The attempt's actor (executor.ray_node) calls
-``run`` on each as soon as it started the worker, with the address and key of
-the listener it opened for it (executor.ray_dial), so the Ray worker
-processes, the members' imports and their dialling all happen while the
-attempt's worker is still starting, not after it joined Ray. The worker finds
-these actors by name once it joined Ray, and learns of their ends through
-``exited``.
+its stdin for where to dial. The attempt's worker later finds these actors by
+name and ``run`` hands each its coordinator's address and key, so the Ray
+worker processes and the members' imports start while the attempt's worker
+is still starting, not after it.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from multiprocessing.connection import Client
 from typing import Any
 
@@ -79,16 +75,6 @@ class MemberActor:
                 proc.stdin.write(json.dumps(dial).encode() + b"\n")
                 proc.stdin.close()
         return proc.wait()
-
-    def exited(self) -> int:
-        """The member process's exit code, once it ended (it may not have started yet:
-        the attempt's actor tells a warmed member to run, not this caller)."""
-        while True:
-            with self._lock:
-                proc = self._proc
-            if proc is not None:
-                return proc.wait()
-            time.sleep(0.05)
 
     def _start(self, kind: str, env: dict[str, str], flow: dict[str, bytes],
                flow_name: str) -> subprocess.Popen[bytes]:

@@ -31,8 +31,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import ray_dial
-
 # What an attempt returns: its exit code and, when it wrote one, its exit report.
 Outcome = dict[str, Any]
 
@@ -186,12 +184,8 @@ class AttemptActor:
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def run(self, *, home: str, run_id: str, step: str, epoch: int, env: dict[str, str],
-            flow: dict[str, bytes], flow_name: str, members: list[Any] | None = None,
-            member_env: dict[str, str] | None = None) -> Outcome:
-        """Start the worker, wait for it, and return its exit code and report.
-
-        ``members``: the attempt's warmed sub-workers (MemberActor handles, by index),
-        told to dial the worker's listener, which this actor opens (executor.ray_dial)."""
+            flow: dict[str, bytes], flow_name: str) -> Outcome:
+        """Start the worker, wait for it, and return its exit code and report."""
         import ray
 
         from ..home import Home
@@ -210,30 +204,14 @@ class AttemptActor:
         child_env["SEGUE_RAY_ATTEMPT"] = ray.get_runtime_context().gcs_address
         cmd = [sys.executable, "-m", "segue._worker_main", "--home", home, "--run", run_id,
                "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid())]
-        listener, key, address, key_r = None, b"", ("", 0), -1
-        passed: tuple[int, ...] = ()
-        if members:
-            listener, key = ray_dial.open_listener(ray.util.get_node_ip_address(), len(members) + 8)
-            address = listener.getsockname()[:2]
-            dial_env, passed, key_r = ray_dial.hand_over(listener, key)
-            child_env.update(dial_env)
-        try:
-            with open(self._log, "wb") as out:
-                out.write(f"segue: attempt epoch {epoch} on Ray node {child_env['SEGUE_RAY_NODE_ID']} "
-                          f"(actor pid {os.getpid()}, devices [{child_env['SEGUE_DEVICES']}])\n".encode())
-                out.flush()
-                with self._lock:
-                    self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                                  stdin=subprocess.DEVNULL, env=child_env,
-                                                  start_new_session=True, pass_fds=passed)
-        finally:
-            if listener is not None:  # the worker holds its own copies now
-                listener.close()
-                os.close(key_r)
-        if listener is not None:
-            for index, member in enumerate(members or ()):
-                member.run.remote(address=address, key=key, index=index, kind="sub-worker",
-                                  env=member_env or {}, flow=flow, flow_name=flow_name)
+        with open(self._log, "wb") as out:
+            out.write(f"segue: attempt epoch {epoch} on Ray node {child_env['SEGUE_RAY_NODE_ID']} "
+                      f"(actor pid {os.getpid()}, devices [{child_env['SEGUE_DEVICES']}])\n".encode())
+            out.flush()
+            with self._lock:
+                self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL, env=child_env,
+                                              start_new_session=True)
         code = self._proc.wait()
         report = None
         path = exit_report_path(Home.resolve(home), run_id, step, epoch)

@@ -8,10 +8,7 @@ one placement group (PACK: one node if it fits, several if not). Members dial
 back to a listener of the coordinator with a secret key of this attempt and
 then speak the same protocol as local sub-workers over their pipes. A data
 step's sub-workers may already be up: the controller warmed them with the
-attempt (executor.ray, $SEGUE_RAY_WARM), and the attempt's actor told them to
-dial a listener it opened for this worker (executor.ray_dial). The worker then
-accepts them at once and joins Ray in the background; until it has, the pool
-watches them by their connections only, and takes their actors by name after.
+attempt (executor.ray, $SEGUE_RAY_WARM), and the pool takes those by name.
 
 A member is lost when its connection ends without its last word, or when
 Ray reports its actor dead (a node lost without closing its sockets); the
@@ -35,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.pool import ConnectionPool, SubWorkerLost
-from .ray import WARM_ENV, connect, forwarded_env, import_ray
-from .ray_dial import DialListener
+from .ray import WARM_ENV, connect, forwarded_env
 from .ray_node import drain_log, flow_bundle
 
 log = logging.getLogger("segue.executor.ray")
@@ -56,31 +52,20 @@ class RayProcessPool(ConnectionPool):
 
     def __init__(self, noun: str, *, address: str, resources: Any = None, gang: int = 0) -> None:
         super().__init__(noun)
-        self._ray: Any = None  # this process's Ray, once it joined (see _joined)
-        self._cls: Any = None
-        self._join_error: BaseException | None = None
-        self._listener: Listener | DialListener
-        dialled = DialListener.inherited()  # opened by the attempt's actor, warmed members dialling
-        # Warmed by the controller (index -> actor name), each taken once.
-        self._warm = dict(enumerate(n for n in os.environ.get(WARM_ENV, "").split(",") if n))
-        # Warmed members the attempt's actor already told where to dial: not added yet.
-        self._dialled: set[int] = set(self._warm) if dialled is not None else set()
-        if dialled is None:
-            self._ray = connect(address)
-            self._key = secrets.token_bytes(32)
-            self._listener = Listener((self._ray.util.get_node_ip_address(), 0), authkey=self._key)
-            self._joining: threading.Thread | None = None
-        else:  # accept at once; join Ray meanwhile (for members lost with their node, and output)
-            self._listener, self._key = dialled, dialled.key
-            self._joining = threading.Thread(target=self._join, args=(address,), name="segue-ray-join",
-                                             daemon=True)
-            self._joining.start()
+        from .ray_member import MemberActor
+
+        self._ray = connect(address)
+        self._cls = self._ray.remote(MemberActor)
+        self._key = secrets.token_bytes(32)
+        self._listener = Listener((self._ray.util.get_node_ip_address(), 0), authkey=self._key)
         self._flow = Path(os.environ.get("SEGUE_FLOW_FILE") or "")
         self._bundle = flow_bundle(self._flow) if self._flow.is_file() else {}
         self._opts = member_options(resources)
         self._place_timeout = float(os.environ.get(PLACE_TIMEOUT_ENV, PLACE_TIMEOUT_S))
         self._gang = gang
-        self._warmed: set[int] = set(self._dialled)
+        # Warmed by the controller (index -> actor name), each taken once.
+        self._warm = dict(enumerate(n for n in os.environ.get(WARM_ENV, "").split(",") if n))
+        self._warmed: set[int] = set()
         self._pg: Any = None
         self._actors: dict[int, Any] = {}
         self._refs: dict[int, Any] = {}
@@ -99,36 +84,6 @@ class RayProcessPool(ConnectionPool):
         self._closed = False
         self._acceptor = threading.Thread(target=self._accept, name="segue-ray-accept", daemon=True)
         self._acceptor.start()
-
-    # -- this process's Ray --------------------------------------------------------------
-    def _join(self, address: str) -> None:
-        try:
-            connect(address)
-        except BaseException as exc:  # noqa: BLE001 - said where Ray is first needed
-            self._join_error = exc
-
-    def _joined(self, wait: bool) -> Any:
-        """This process's Ray; None while it is still joining, unless ``wait``."""
-        if self._ray is None:
-            assert self._joining is not None
-            if not wait and self._joining.is_alive():
-                return None
-            self._joining.join()
-            if self._join_error is not None:
-                err = self._join_error
-                raise SubWorkerLost(f"the attempt's worker could not join Ray ({type(err).__name__}: "
-                                    f"{err}); the attempt is retried from the last checkpoint")
-            self._ray = import_ray()
-            for i in sorted(set(self._warm) & (set(self._recipes) | set(self._conns))):
-                self._bind_warm(i)
-        return self._ray
-
-    def _bind_warm(self, index: int) -> None:
-        """Watch a warmed member the attempt's actor started: its actor, by name, and its end."""
-        actor = self._take_warm(index)
-        if actor is not None:
-            self._actors[index] = actor
-            self._refs[index] = actor.exited.remote()
 
     # -- members dialling in ------------------------------------------------------------
     def _accept(self) -> None:
@@ -152,14 +107,13 @@ class RayProcessPool(ConnectionPool):
         """Hand each member that said hello its recipe (a gang's, once rank 0 is known)."""
         with self._lock:
             hellos, self._hellos = self._hellos, {}
-        waiting: dict[int, tuple[Connection, str, int]] = {}
         for i, (conn, node, port) in sorted(hellos.items()):
-            if i in self._dialled:  # dialled in before the coordinator added it
-                waiting[i] = (conn, node, port)
-            elif i not in self._recipes:  # removed meanwhile
+            if i not in self._recipes:  # removed meanwhile
                 conn.close()
-            elif self._gang and self._rendezvous is None and i == 0:
+                continue
+            if self._gang and self._rendezvous is None and i == 0:
                 self._rendezvous = (node, port)
+        waiting: dict[int, tuple[Connection, str, int]] = {}
         for i, (conn, node, port) in sorted(hellos.items()):
             if i not in self._recipes:
                 continue
@@ -193,8 +147,6 @@ class RayProcessPool(ConnectionPool):
                     f"{self._noun} {i} was not started on Ray within {self._place_timeout:g}s "
                     f"(asked for {self._describe()}); the cluster has no room for it now "
                     f"(${PLACE_TIMEOUT_ENV} sets the wait); the attempt is retried")
-        if self._joined(wait=False) is None:  # (it binds warmed members once it has)
-            return
         refs = {id(r): i for i, r in self._refs.items()}
         if not refs:
             return
@@ -217,19 +169,8 @@ class RayProcessPool(ConnectionPool):
 
     # -- SubWorkerPool ---------------------------------------------------------------------
     def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
-        if index in self._dialled:  # the attempt's actor told it where to dial already
-            self._dialled.discard(index)
-            self._recipes[index] = (recipe, time.monotonic())
-            if self._joined(wait=False) is not None:
-                self._bind_warm(index)
-            return
-        ray = self._joined(wait=True)
         actor = self._take_warm(index)
         if actor is None:
-            if self._cls is None:
-                from .ray_member import MemberActor
-
-                self._cls = ray.remote(MemberActor)
             opts = dict(self._opts)
             if self._gang:
                 opts["scheduling_strategy"] = self._placement(index)
@@ -285,7 +226,7 @@ class RayProcessPool(ConnectionPool):
     def _lost(self, i: int, why: str) -> SubWorkerLost:
         end = "its end unknown"
         ref = self._refs.get(i)
-        if ref is not None and self._ray is not None:
+        if ref is not None:
             try:  # the member process's exit code, as its actor saw it
                 end = f"exit code {self._ray.get(ref, timeout=2.0)}"
             except Exception as exc:  # noqa: BLE001 - a lost actor, or not ended yet
@@ -296,7 +237,7 @@ class RayProcessPool(ConnectionPool):
     # -- members' output -----------------------------------------------------------------
     def _pump_output(self) -> None:
         now = time.monotonic()
-        if now < self._next_log or self._joined(wait=False) is None:
+        if now < self._next_log:
             return
         self._next_log = now + LOG_EVERY_S
         for i, actor in self._actors.items():
@@ -332,7 +273,6 @@ class RayProcessPool(ConnectionPool):
             _emit(out[2] + b"\n")
 
     def remove(self, index: int) -> None:
-        self._joined(wait=True)  # its actor, by name, for its last output and its end
         self._drain_output(index)
         conn = self._conns.pop(index, None)
         actor = self._actors.pop(index, None)
@@ -350,9 +290,7 @@ class RayProcessPool(ConnectionPool):
         for c in self._conns.values():
             with contextlib.suppress(OSError, EOFError):
                 c.send(("stop",))
-        with contextlib.suppress(SubWorkerLost):  # (said already, where Ray was first needed)
-            self._joined(wait=True)
-        if self._refs and self._ray is not None:
+        if self._refs:
             with contextlib.suppress(Exception):
                 self._ray.wait(list(self._refs.values()), num_returns=len(self._refs), timeout=2.0)
         for i in list(self._actors):
@@ -360,10 +298,6 @@ class RayProcessPool(ConnectionPool):
         self._closed = True
         with contextlib.suppress(OSError):
             self._listener.close()
-        with self._lock:  # dialled in, never added
-            hellos, self._hellos = self._hellos, {}
-        for conn, _, _ in hellos.values():
-            conn.close()
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
 
@@ -381,8 +315,8 @@ def _emit(data: bytes) -> None:
 
 def member_options(resources: Any) -> dict[str, Any]:
     """What one member's actor asks Ray for: the step's resources, per member."""
-    # run() and exited() block; warm(), signal() and read_log() must still be answered meanwhile.
-    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 6,
+    # run() blocks; signal() and read_log() must still be answered meanwhile.
+    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 4,
                             "num_cpus": float(getattr(resources, "cpus", 1.0)),
                             "num_gpus": int(getattr(resources, "gpus", 0))}
     memory = getattr(resources, "memory", None)
