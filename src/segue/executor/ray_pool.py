@@ -6,7 +6,9 @@ starts one :class:`~segue.executor.ray_member.MemberActor` per member, each
 asking Ray for one member's resources; a gang's ranks are placed together as
 one placement group (PACK: one node if it fits, several if not). Members dial
 back to a listener of the coordinator with a secret key of this attempt and
-then speak the same protocol as local sub-workers over their pipes. A data
+then speak the same protocol as local sub-workers over their pipes (a
+:class:`~segue.executor.doorman.Doorman` greets each in a thread of its own, so
+a caller that connects and says nothing holds up no member). A data
 step's sub-workers may already be up: the controller warmed them with the
 attempt (executor.ray, $SEGUE_RAY_WARM), and the pool takes those by name.
 
@@ -27,11 +29,12 @@ import secrets
 import sys
 import threading
 import time
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from ..data.pool import ConnectionPool, SubWorkerLost
+from .doorman import Doorman
 from .ray import WARM_ENV, connect, forwarded_env
 from .ray_node import drain_log, flow_bundle
 
@@ -57,7 +60,6 @@ class RayProcessPool(ConnectionPool):
         self._ray = connect(address)
         self._cls = self._ray.remote(MemberActor)
         self._key = secrets.token_bytes(32)
-        self._listener = Listener((self._ray.util.get_node_ip_address(), 0), authkey=self._key)
         self._flow = Path(os.environ.get("SEGUE_FLOW_FILE") or "")
         self._bundle = flow_bundle(self._flow) if self._flow.is_file() else {}
         self._opts = member_options(resources)
@@ -81,27 +83,18 @@ class RayProcessPool(ConnectionPool):
         self._outs: dict[int, list[Any]] = {}
         self._next_log = 0.0
         self._next_check = 0.0
-        self._closed = False
-        self._acceptor = threading.Thread(target=self._accept, name="segue-ray-accept", daemon=True)
-        self._acceptor.start()
+        # Members dial in here; each proves the key and says hello in a thread of its own.
+        self._door = Doorman(self._ray.util.get_node_ip_address(), self._key, self._on_hello)
 
     # -- members dialling in ------------------------------------------------------------
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn = self._listener.accept()  # the key's challenge: strangers fail here
-                hello = conn.recv() if conn.poll(30) else None
-            except Exception:  # noqa: BLE001 - a stranger or a closed listener; keep serving
-                if self._closed:
-                    return
-                continue
-            if not (isinstance(hello, tuple) and len(hello) == 5 and hello[0] == "hello"):
-                conn.close()
-                continue
-            log.info("%s %d runs on Ray node %s%s", self._noun, hello[1], hello[4],
-                     " (warmed with the attempt)" if hello[1] in self._warmed else "")
-            with self._lock:
-                self._hellos[int(hello[1])] = (conn, str(hello[2]), int(hello[3]))
+    def _on_hello(self, conn: Connection, hello: Any) -> None:
+        if not (isinstance(hello, tuple) and len(hello) == 5 and hello[0] == "hello"):
+            conn.close()
+            return
+        log.info("%s %d runs on Ray node %s%s", self._noun, hello[1], hello[4],
+                 " (warmed with the attempt)" if hello[1] in self._warmed else "")
+        with self._lock:
+            self._hellos[int(hello[1])] = (conn, str(hello[2]), int(hello[3]))
 
     def _admit(self) -> None:
         """Hand each member that said hello its recipe (a gang's, once rank 0 is known)."""
@@ -178,7 +171,7 @@ class RayProcessPool(ConnectionPool):
         self._recipes[index] = (recipe, time.monotonic())
         self._actors[index] = actor
         self._refs[index] = actor.run.remote(
-            address=self._listener.address, key=self._key, index=index, kind=self._noun,
+            address=self._door.address, key=self._key, index=index, kind=self._noun,
             env=forwarded_env(), flow=self._bundle, flow_name=self._flow.name)
 
     def _take_warm(self, index: int) -> Any:
@@ -295,9 +288,11 @@ class RayProcessPool(ConnectionPool):
                 self._ray.wait(list(self._refs.values()), num_returns=len(self._refs), timeout=2.0)
         for i in list(self._actors):
             self.remove(i)
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self._listener.close()
+        self._door.close()
+        with self._lock:  # said hello, never admitted
+            hellos, self._hellos = self._hellos, {}
+        for conn, _, _ in hellos.values():
+            conn.close()
         if self._pg is not None:
             from ray.util.placement_group import remove_placement_group
 
