@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
@@ -49,6 +50,7 @@ class Doorman:
             except OSError:
                 if self._closed:
                     return
+                time.sleep(0.05)  # out of descriptors, say: not a busy loop meanwhile
                 continue
             conn = Connection(sock.detach())
             with self._lock:
