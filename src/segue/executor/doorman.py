@@ -7,13 +7,13 @@ admitted, for ever. The :class:`Doorman` accepts the TCP connection only, and
 greets each caller in a thread of its own: the key's challenge both ways (a
 caller without the key is refused before anything it sends is unpickled), then
 its first message, all within ``greet_s``; a caller that is silent past it is
-hung up on. Whoever passes is handed to ``on_greeted``.
+hung up on. Whoever passes is handed to ``on_greeted``, never after ``close()``
+has returned.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import socket
 import threading
@@ -21,8 +21,6 @@ import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection, answer_challenge, deliver_challenge
 from typing import Any
-
-log = logging.getLogger("segue.executor.ray")
 
 GREET_S = 30.0  # a caller must prove the key and say its first word within this
 
@@ -76,31 +74,34 @@ class Doorman:
             return
         finally:
             timer.cancel()
-        with self._lock:
+        with self._lock:  # handed over under the lock: close() waits for it, then none follow
             if conn not in self._callers:  # hung up on as it answered: too late
                 conn.close()
                 return
             self._callers.discard(conn)
-        self._on_greeted(conn, first)
+            self._on_greeted(conn, first)
 
     def _hang_up(self, conn: Connection) -> None:
-        """End a caller's connection under a read blocked on it in another thread."""
+        """A caller silent too long: end its connection (its greeting thread unwinds)."""
         with self._lock:
-            if conn not in self._callers:
-                return
-            self._callers.discard(conn)
-            with contextlib.suppress(OSError):
-                with socket.socket(fileno=os.dup(conn.fileno())) as s:
-                    s.shutdown(socket.SHUT_RDWR)  # wakes the reader; close() alone would not
+            if conn in self._callers:
+                self._callers.discard(conn)
+                _shut(conn)
 
     def close(self) -> None:
         """Stop listening, and hang up on every caller not greeted yet."""
         with self._lock:
             self._closed = True
-            callers, self._callers = set(self._callers), set()
-        for conn in callers:
-            with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as s:
-                s.shutdown(socket.SHUT_RDWR)
+            for conn in self._callers:
+                _shut(conn)
+            self._callers.clear()
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the accept() blocked in _accept
         self._sock.close()
+
+
+def _shut(conn: Connection) -> None:
+    """End ``conn`` under a read blocked on it in another thread: shutdown() wakes the
+    reader, close() alone would not (the reader closes it as it unwinds)."""
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(conn.fileno())) as s:
+        s.shutdown(socket.SHUT_RDWR)

@@ -83,7 +83,6 @@ class RayProcessPool(ConnectionPool):
         self._outs: dict[int, list[Any]] = {}
         self._next_log = 0.0
         self._next_check = 0.0
-        self._stopped = False
         # Members dial in here; each proves the key and says hello in a thread of its own.
         self._door = Doorman(self._ray.util.get_node_ip_address(), self._key, self._on_hello)
 
@@ -95,10 +94,7 @@ class RayProcessPool(ConnectionPool):
         log.info("%s %d runs on Ray node %s%s", self._noun, hello[1], hello[4],
                  " (warmed with the attempt)" if hello[1] in self._warmed else "")
         with self._lock:
-            if not self._stopped:
-                self._hellos[int(hello[1])] = (conn, str(hello[2]), int(hello[3]))
-                return
-        conn.close()  # greeted as the pool stopped
+            self._hellos[int(hello[1])] = (conn, str(hello[2]), int(hello[3]))
 
     def _admit(self) -> None:
         """Hand each member that said hello its recipe (a gang's, once rank 0 is known)."""
@@ -292,9 +288,8 @@ class RayProcessPool(ConnectionPool):
                 self._ray.wait(list(self._refs.values()), num_returns=len(self._refs), timeout=2.0)
         for i in list(self._actors):
             self.remove(i)
-        self._door.close()
+        self._door.close()  # no hello is handed over after this
         with self._lock:  # said hello, never admitted
-            self._stopped = True
             hellos, self._hellos = self._hellos, {}
         for conn, _, _ in hellos.values():
             conn.close()
