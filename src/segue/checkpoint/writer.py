@@ -98,36 +98,44 @@ def _write_temp(
         if last:
             w.written()
 
-    def prepare(p: BlobPlan) -> None:
+    def prepare(p: BlobPlan) -> tuple[str, list[list[tuple[int, memoryview]]]]:
+        """Hash ``p`` and create its blob; the writes still to queue (none if reused)."""
         p.join_segments()
         if not p.key:
             p.key = hash_blob(p)
         if p.path in seen:
-            return  # the same bytes as an earlier plan
+            return p.path, []  # the same bytes as an earlier plan
         seen.add(p.path)
         if reusable(p):
             reused.append(p)
-            return
+            return p.path, []
         batches = p.batches()
         w = storage.create_blob(p.path, p.size)
         with lock:
             writers[p.path], left[p.path] = w, len(batches)
-        for batch in batches:
-            group.submit(write, p.path, batch)
         if not batches:
             w.written()
+        return p.path, batches
 
     def chain(i: int) -> None:
-        prepare(plans[i])
+        path, batches = prepare(plans[i])
+        # The next hash goes in the queue before this blob's writes: queued after
+        # them, it waited for a free thread until most of a large blob was copied
+        # (measured: the second of two 64 MiB blobs hashed 17 ms late), and the
+        # device ran dry between the blobs.
         if i + 1 < len(plans):
             group.submit(chain, i + 1)
         elif then is not None:
             group.submit(then)
+        for batch in batches:
+            group.submit(write, path, batch)
 
     try:
         if pool is None or not plans:
             for p in plans:  # inline: a chain would recurse once per plan
-                prepare(p)
+                path, batches = prepare(p)
+                for batch in batches:
+                    write(path, batch)
             if then is not None:
                 then()
         else:
