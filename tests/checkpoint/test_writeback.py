@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -11,11 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from segue import _faults
 from segue import checkpoint as ckpt
 from segue._atomic import _sync_file_range, start_writeback
 from segue.checkpoint import blobs as blobs_mod
 from segue.checkpoint import storage as storage_mod
 from segue.checkpoint import writer as writer_mod
+from segue.checkpoint.retention import temp_files
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sync_file_range is Linux's")
@@ -62,10 +65,12 @@ def test_the_next_blob_is_hashed_before_the_writes_of_the_one_before(
         events.append(("write", self.final.name.split(".")[0]))
         real_write(self, offset, data)
 
-    monkeypatch.setattr(writer_mod, "hash_blob", hash_blob)
-    monkeypatch.setattr(storage_mod._LocalBlobWriter, "write_at", write_at)
     rng = np.random.default_rng(0)
     state = {f"w{i}": rng.random(1 << 18, dtype=np.float32) for i in range(3)}  # 1 MiB: a blob each
+    # Not an empty store, and no history: no blob is written before it is hashed.
+    ckpt.save(ckpt.LocalStorage(tmp_path), "other", {"x": np.arange(1 << 18, dtype=np.float32)})
+    monkeypatch.setattr(writer_mod, "hash_blob", hash_blob)
+    monkeypatch.setattr(storage_mod._LocalBlobWriter, "write_at", write_at)
     with ThreadPoolExecutor(1) as pool:
         ckpt.save(ckpt.LocalStorage(tmp_path), "c", state, pool=pool)
     hashed = [key for kind, key in events if kind == "hashed"]
@@ -75,3 +80,125 @@ def test_the_next_blob_is_hashed_before_the_writes_of_the_one_before(
         first_write = events.index(("write", hashed[k]))
         assert events.index(("hashed", hashed[k + 1])) < first_write, events[:8]
     assert ckpt.load(ckpt.LocalStorage(tmp_path), "c").state["w2"].tobytes() == state["w2"].tobytes()
+
+
+def _weights(seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"w": rng.random(1 << 20, dtype=np.float32), "b": rng.random(1 << 18, dtype=np.float32)}
+
+
+def _hash_waits_for_unnamed_bytes(monkeypatch: pytest.MonkeyPatch) -> tuple[
+        threading.Event, threading.Event, list[bool]]:
+    """Once armed, each hash waits (bounded) until a byte of an unnamed blob landed: if
+    writes waited for the hash, that never happens and the wait times out (False)."""
+    real_hash, real_write = writer_mod.hash_blob, storage_mod._LocalBlobWriter.write_at
+    landed, armed, waited = threading.Event(), threading.Event(), []
+
+    def hash_blob(p: Any) -> str:
+        if armed.is_set():
+            waited.append(landed.wait(30))
+        return real_hash(p)
+
+    def write_at(self: Any, offset: int, data: Any) -> None:
+        real_write(self, offset, data)
+        if self.final is None:
+            landed.set()
+
+    monkeypatch.setattr(writer_mod, "hash_blob", hash_blob)
+    monkeypatch.setattr(storage_mod._LocalBlobWriter, "write_at", write_at)
+    return landed, armed, waited
+
+
+def test_a_blob_new_at_the_last_save_is_written_while_it_is_hashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights that changed at the last save are written before their hash is known
+    (to an unnamed temp file, named once hashed): the hash holds up no byte."""
+    storage = ckpt.LocalStorage(tmp_path)
+    ckpt.save(storage, "other", {"x": np.arange(1 << 18, dtype=np.float32)})  # not an empty store
+    landed, armed, waited = _hash_waits_for_unnamed_bytes(monkeypatch)
+    cp = ckpt.Checkpointer(storage)
+    try:
+        cp.save("s1", _weights(1))
+        assert not landed.is_set()  # no history yet: every blob hashed, then written
+        armed.set()
+        second = _weights(2)
+        got = cp.save("s2", second)
+    finally:
+        cp.close()
+    assert waited and all(waited), "a blob's hash waited for bytes that were never written before it"
+    assert got.stats.blobs_written == 2 and got.stats.blobs_reused == 0
+    assert temp_files(storage) == []
+    back = ckpt.load(storage, "s2").state
+    assert all(back[k].tobytes() == second[k].tobytes() for k in second)
+
+
+def test_the_first_save_into_an_empty_store_is_written_while_it_is_hashed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing stored, nothing to find: a job's first save writes every blob as it hashes it."""
+    _, armed, waited = _hash_waits_for_unnamed_bytes(monkeypatch)
+    armed.set()
+    state = _weights(1)
+    with ThreadPoolExecutor(4) as pool:
+        got = ckpt.save(ckpt.LocalStorage(tmp_path), "s1", state, pool=pool)
+    assert waited and all(waited), "a blob's hash waited for bytes that were never written before it"
+    assert got.stats.blobs_written == 2 and temp_files(ckpt.LocalStorage(tmp_path)) == []
+    back = ckpt.load(ckpt.LocalStorage(tmp_path), "s1").state
+    assert all(back[k].tobytes() == state[k].tobytes() for k in state)
+
+
+def _count_guesses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Blobs started on a guess (unnamed), counted as they start."""
+    started: list[int] = []
+    real = storage_mod.LocalStorage.start_blob
+
+    def start_blob(self: Any, reldir: str, size: int) -> Any:
+        started.append(size)
+        return real(self, reldir, size)
+
+    monkeypatch.setattr(storage_mod.LocalStorage, "start_blob", start_blob)
+    return started
+
+
+def test_a_guess_that_loses_is_dropped_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A blob written on a guess that turns out to exist already (the weights did
+    not change this time) is dropped: reused, not written again, no temp file left."""
+    guesses = _count_guesses(monkeypatch)
+    storage = ckpt.LocalStorage(tmp_path)
+    cp = ckpt.Checkpointer(storage)
+    try:
+        cp.save("s1", _weights(1))
+        same = _weights(2)
+        first = cp.save("s2", same)  # both blobs new: both guessed new at the next save
+        blob = tmp_path / first.manifest.arrays["a0"].file
+        before = blob.stat()
+        n = len(guesses)
+        again = cp.save("s2b", {k: v.copy() for k, v in same.items()})
+        assert len(guesses) == n + 2  # both guessed, both lost
+        assert again.stats.blobs_reused == 2 and again.stats.written_bytes == 0
+        assert temp_files(storage) == []
+    finally:
+        cp.close()
+    assert (blob.stat().st_ino, blob.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    back = ckpt.load(storage, "s2b").state
+    assert all(back[k].tobytes() == same[k].tobytes() for k in same)
+
+
+def test_a_failure_during_a_guessed_write_leaves_the_last_checkpoint_and_no_temp(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    guesses = _count_guesses(monkeypatch)
+    storage = ckpt.LocalStorage(tmp_path)
+    cp = ckpt.Checkpointer(storage)
+    try:
+        first = _weights(1)
+        cp.save("s1", first)
+        cp.save("s2", _weights(2))
+        assert guesses  # the save that fails below writes on a guess too
+        _faults.rearm("checkpoint.pwrite:enospc:2")  # a full disk in the guessed writes
+        with pytest.raises(OSError, match="No space left"):
+            cp.save("s3", _weights(3))
+        assert _faults._hits.get("checkpoint.pwrite", 0) >= 2  # the fault landed
+    finally:
+        _faults.rearm("")
+        cp.close()
+    assert temp_files(storage) == [] and not storage.exists("s3/MANIFEST.json")
+    assert ckpt.load(storage, "s1").state["w"].tobytes() == first["w"].tobytes()

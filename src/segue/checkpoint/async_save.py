@@ -84,6 +84,7 @@ class Checkpointer:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._known: set[str] = set()
+        self._fresh: set[str] = set()  # where the last save wrote new blobs (writer.write_checkpoint)
         self.last_cost: SaveCost | None = None
 
     # -- lifecycle -------------------------------------------------------------
@@ -202,7 +203,7 @@ class Checkpointer:
         is blocking time."""
         manifest, stats = write_checkpoint(
             self.storage, path, plans, tree=tree, meta=meta, versions=versions(),
-            tags=tags, pool=self._io_pool, known=self._known,
+            tags=tags, pool=self._io_pool, known=self._known, fresh=self._fresh,
         )
         result = SaveResult(
             path, sum(f.size for f in manifest.files.values()), manifest.files, manifest, stats

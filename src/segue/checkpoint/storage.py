@@ -79,20 +79,30 @@ class BlobWriter(ABC):
         before the commit (a local file's fsync can). Commit still finishes the job."""
 
     @abstractmethod
+    def name(self, relpath: str) -> None:
+        """Give a blob of :meth:`CheckpointStorage.start_blob` its path, before the commit
+        (a content-addressed blob's name is known once its bytes are hashed)."""
+
+    @abstractmethod
     def abort(self) -> None: ...
 
 
 class _BufferedBlobWriter(BlobWriter):
     """Collects the parts and publishes them with one atomic write (object stores)."""
 
-    def __init__(self, storage: CheckpointStorage, relpath: str, size: int) -> None:
+    def __init__(self, storage: CheckpointStorage, relpath: str | None, size: int) -> None:
         self.storage, self.relpath, self.size = storage, relpath, size
         self.parts: list[tuple[int, bytes | memoryview]] = []
 
     def write_at(self, offset: int, data: memoryview | bytes) -> None:
         self.parts.append((offset, data))  # list.append is atomic under the GIL
 
+    def name(self, relpath: str) -> None:
+        self.relpath = relpath
+
     def commit(self, before_publish: Callable[[], None] | None = None) -> None:
+        if self.relpath is None:
+            raise ValueError("a blob from start_blob must be named before its commit")
         self.parts.sort(key=lambda p: p[0])
         data = b"".join(p for _, p in self.parts)
         if len(data) != self.size:
@@ -166,6 +176,11 @@ class CheckpointStorage(ABC):
     def create_blob(self, relpath: str, size: int) -> BlobWriter:
         """A writer for a new file of ``size`` bytes at ``relpath`` (see :class:`BlobWriter`)."""
         return _BufferedBlobWriter(self, relpath, size)
+
+    def start_blob(self, reldir: str, size: int) -> BlobWriter:
+        """A writer for a new file of ``size`` bytes whose path is not known yet: a temp
+        file under ``reldir`` until :meth:`BlobWriter.name` gives it one."""
+        return _BufferedBlobWriter(self, None, size)
 
     def commit_blobs(
         self,
@@ -242,7 +257,7 @@ class LocalStorage(CheckpointStorage):
         self._makedirs(final.parent, sync=durable)
         # Same directory as the final name, so os.replace is a rename within one
         # filesystem, which POSIX makes atomic.
-        tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp = _temp_beside(final)
         f = open(tmp, "xb")  # closed below on every path
         try:
             yield f
@@ -309,7 +324,15 @@ class LocalStorage(CheckpointStorage):
     def create_blob(self, relpath: str, size: int) -> BlobWriter:
         final = self._abs(relpath)
         # The new directories are fsynced with the blob's own at commit.
-        return _LocalBlobWriter(final, size, self._makedirs(final.parent, sync=False))
+        w = _LocalBlobWriter(self, _temp_beside(final), size, self._makedirs(final.parent, sync=False))
+        w.name(relpath)
+        return w
+
+    def start_blob(self, reldir: str, size: int) -> BlobWriter:
+        where = self._abs(reldir)
+        new_dirs = self._makedirs(where, sync=False)
+        return _LocalBlobWriter(self, where / f".blob{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}",
+                                size, new_dirs)
 
     def commit_blobs(
         self,
@@ -331,7 +354,7 @@ class LocalStorage(CheckpointStorage):
     ) -> None:
         final = self._abs(relpath)
         self._makedirs(final.parent)
-        tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp = _temp_beside(final)
         try:
             with open(tmp, "xb") as f:
                 f.write(data)
@@ -388,7 +411,7 @@ class _OwnedFd:
 
     def __init__(self, fd: int, name: str) -> None:
         self._fd: int | None = fd
-        self._name = name
+        self.name = name
         self._users = 0
         self._closing = False
         self._cond = threading.Condition(threading.Lock())
@@ -397,7 +420,7 @@ class _OwnedFd:
     def use(self) -> Iterator[int]:
         with self._cond:
             if self._closing or self._fd is None:
-                raise BlobClosedError(f"blob {self._name} is closed")
+                raise BlobClosedError(f"blob {self.name} is closed")
             self._users += 1
             fd = self._fd
         try:
@@ -419,14 +442,20 @@ class _OwnedFd:
             os.close(fd)
 
 
-class _LocalBlobWriter(BlobWriter):
-    """A temp file in the target directory, written with pwrite from any thread."""
+def _temp_beside(final: Path) -> Path:
+    return final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
-    def __init__(self, final: Path, size: int, new_dirs: Sequence[Path] = ()) -> None:
-        self.final, self.size = final, size
-        self.dirs = {final.parent, *new_dirs}
+
+class _LocalBlobWriter(BlobWriter):
+    """A temp file (beside its final name, or under the directory of
+    :meth:`LocalStorage.start_blob` until it is named), written with pwrite from any
+    thread, renamed into place on commit."""
+
+    def __init__(self, storage: LocalStorage, tmp: Path, size: int, new_dirs: Sequence[Path] = ()) -> None:
+        self._storage, self.tmp, self.size = storage, tmp, size
+        self.final: Path | None = None
+        self.dirs = set(new_dirs)
         """The directories to fsync once the blob is renamed into place."""
-        self.tmp = final.with_name(f".{final.name}{TEMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
         fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         # Not preallocated (posix_fallocate): on ext4 (data=ordered) an fallocate
         # waits for the journal, which waits for the earlier blobs' data under
@@ -434,7 +463,13 @@ class _LocalBlobWriter(BlobWriter):
         # in three saves of eight, and its writes with it. A full disk fails at the
         # first pwrite that does not fit instead (ext4 and XFS reserve at write time),
         # and the save is aborted as cleanly.
-        self._fd = _OwnedFd(fd, final.name)
+        self._fd = _OwnedFd(fd, tmp.name)
+
+    def name(self, relpath: str) -> None:
+        final = self._storage._abs(relpath)
+        self.dirs |= {final.parent, *self._storage._makedirs(final.parent, sync=False)}
+        self.final = final
+        self._fd.name = final.name  # what its errors call it
 
     def write_at(self, offset: int, data: memoryview | bytes) -> None:
         view = memoryview(data).cast("B")
@@ -474,10 +509,13 @@ class _LocalBlobWriter(BlobWriter):
     def publish(self, before_publish: Callable[[], None] | None = None) -> None:
         """Rename the synced file into place (step 2; the directories' fsync is step 3)."""
         try:
+            if self.final is None:
+                raise ValueError("a blob from start_blob must be named before its commit")
             if before_publish is not None:
                 before_publish()
             # Content-addressed: if another writer published the same name first, its
-            # bytes are ours, so replacing it is harmless.
+            # bytes are ours, so replacing it is harmless. (From start_blob's directory,
+            # a rename across directories of one filesystem: atomic too.)
             os.replace(self.tmp, self.final)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):

@@ -2,7 +2,10 @@
 
 1. Blobs are hashed and, as each one's hash is known, written (in parallel chunks)
    to a temp name beside its final one, unless that blob already exists. Hashing
-   and writing overlap: the device is busy while later blobs are still hashed.
+   and writing overlap: the device is busy while later blobs are still hashed. A
+   blob whose place in the state held a new blob at the last save, or any blob when
+   nothing is stored yet, is written while it is hashed, under an unnamed temp
+   file, and named once hashed (dropped if it exists after all).
 2. A pending marker (``blobs/pending/<id>.json``) names every blob the checkpoint
    will reference, so a concurrent GC keeps them (see :mod:`.retention`). It is
    not fsynced: it only matters while its writer lives. Blobs found existing in
@@ -30,11 +33,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from .._faults import fault_point
 from ..errors import CheckpointError
-from .blobs import PENDING_DIR, BlobPlan, hash_blob
+from .blobs import BLOB_DIR, PENDING_DIR, BlobPlan, hash_blob
 from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest, OpaqueEntry
 from .jobs import JobGroup
 from .storage import BlobWriter, CheckpointStorage
@@ -57,6 +60,19 @@ def write_blobs(storage: CheckpointStorage, plans: list[BlobPlan], pool: Executo
     _commit(storage, writers, pool)
 
 
+@dataclass(eq=False)
+class _Blob:
+    """A blob being written: its writer, its write jobs not ended, and whether it was
+    dropped (written on a guess, then found to exist already: its writes stop)."""
+
+    writer: BlobWriter
+    left: int
+    dropped: bool = False
+
+
+Batches = list[list[tuple[int, memoryview]]]
+
+
 def _write_temp(
     storage: CheckpointStorage,
     plans: list[BlobPlan],
@@ -64,17 +80,27 @@ def _write_temp(
     *,
     reusable: Callable[[BlobPlan], bool],
     then: Callable[[], None] | None = None,
+    guess: Callable[[BlobPlan], bool] = lambda p: False,
 ) -> tuple[list[BlobWriter], list[BlobPlan]]:
-    """Hash every plan and write each new blob to its temp name as soon as it is hashed.
+    """Hash every plan and write each new blob to a temp name.
 
     Returns the writers (not committed) and the plans whose blob ``reusable`` found;
     plans with the same bytes are written once. One job hashes the plans, one after
-    another, and queues each blob's writes as it goes: xxh3 runs far ahead of any
-    disk, and the pool's other threads keep the CPU to copy into the page cache (two
-    hashing threads measured slower on two cores). A blob's bytes start for the
-    device (:meth:`.BlobWriter.written`) once its last piece is written, while later
-    blobs are still hashed and copied. ``then`` runs as one more job once every plan
-    is hashed and checked.
+    another (two hashing threads measured slower on two cores: they took CPU from the
+    copies into the page cache), and queues each blob's writes:
+
+    - as soon as it is hashed: the blob is created under its name and nothing is
+      written that exists already;
+    - or, for a plan that ``guess`` says is new (its place in the state held a new
+      blob last time, as a weight that changes at every step does), before it is
+      hashed: the blob is written under an unnamed temp file while this job hashes
+      it, and named after. A guess that loses (the blob exists) stops its writes and
+      is aborted: its pages are dropped unwritten. Without the guess, a large blob's
+      whole hash (4 ms for 64 MiB here) came before its first byte went out.
+
+    A blob's bytes start for the device (:meth:`.BlobWriter.written`) once its last
+    piece is written, while later blobs are still hashed and copied. ``then`` runs
+    as one more job once every plan is hashed and checked.
 
     On any failure (a full disk, typically) every writer is aborted, but only
     after every job that uses one has ended (:class:`.jobs.JobGroup`): a writer
@@ -82,60 +108,85 @@ def _write_temp(
     ``open`` in the process, and the late write lands in that file.
     """
     lock = threading.Lock()
-    writers: dict[str, BlobWriter] = {}
-    left: dict[str, int] = {}  # blob path -> batches not written yet
-    seen: set[str] = set()  # prepare() runs on one thread at a time: no lock
+    blobs: list[_Blob] = []  # every writer started, named or dropped
+    seen: set[str] = set()  # the chain runs on one thread at a time: no lock
     reused: list[BlobPlan] = []
     group = JobGroup(pool)
 
-    def write(path: str, batch: list[tuple[int, memoryview]]) -> None:
-        w = writers[path]
-        for off, piece in batch:
-            w.write_at(off, piece)
+    def write(b: _Blob, batch: list[tuple[int, memoryview]]) -> None:
+        if not b.dropped:
+            for off, piece in batch:
+                b.writer.write_at(off, piece)
         with lock:
-            left[path] -= 1
-            last = not left[path]
-        if last:
-            w.written()
+            b.left -= 1
+            last = not b.left
+        if last and not b.dropped:
+            b.writer.written()
 
-    def prepare(p: BlobPlan) -> tuple[str, list[list[tuple[int, memoryview]]]]:
-        """Hash ``p`` and create its blob; the writes still to queue (none if reused)."""
-        p.join_segments()
-        if not p.key:
-            p.key = hash_blob(p)
+    def start(w: BlobWriter, batches: Batches) -> _Blob:
+        b = _Blob(w, len(batches))
+        with lock:
+            blobs.append(b)
+        if not batches:
+            w.written()
+        return b
+
+    def new(p: BlobPlan) -> bool:
+        """Whether hashed ``p`` is to be written: not the bytes of an earlier plan,
+        and not found (then it is reused)."""
         if p.path in seen:
-            return p.path, []  # the same bytes as an earlier plan
+            return False
         seen.add(p.path)
         if reusable(p):
             reused.append(p)
-            return p.path, []
-        batches = p.batches()
-        w = storage.create_blob(p.path, p.size)
-        with lock:
-            writers[p.path], left[p.path] = w, len(batches)
-        if not batches:
-            w.written()
-        return p.path, batches
+            return False
+        return True
 
-    def chain(i: int) -> None:
-        path, batches = prepare(plans[i])
-        # The next hash goes in the queue before this blob's writes: queued after
-        # them, it waited for a free thread until most of a large blob was copied
-        # (measured: the second of two 64 MiB blobs hashed 17 ms late), and the
-        # device ran dry between the blobs.
+    def prepare(p: BlobPlan) -> tuple[_Blob | None, Batches]:
+        """Hash ``p`` and create its blob if new: the blob and the writes to queue."""
+        p.join_segments()
+        if not p.key:
+            p.key = hash_blob(p)
+        if not new(p):
+            return None, []
+        batches = p.batches()
+        return start(storage.create_blob(p.path, p.size), batches), batches
+
+    def next_job(i: int) -> None:
         if i + 1 < len(plans):
             group.submit(chain, i + 1)
         elif then is not None:
             group.submit(then)
+
+    def chain(i: int) -> None:
+        p = plans[i]
+        if p.key or not guess(p):
+            b, batches = prepare(p)
+            # The next hash goes in the queue before this blob's writes: queued after
+            # them, it waited for a free thread until most of a large blob was copied
+            # (measured: the second of two 64 MiB blobs hashed 17 ms late).
+            next_job(i)
+            for batch in batches:
+                group.submit(write, b, batch)
+            return
+        p.join_segments()
+        batches = p.batches()
+        b = start(storage.start_blob(BLOB_DIR, p.size), batches)
         for batch in batches:
-            group.submit(write, path, batch)
+            group.submit(write, b, batch)
+        p.key = hash_blob(p)  # while the pool's other threads write it
+        if new(p):
+            b.writer.name(p.path)
+        else:
+            b.dropped = True
+        next_job(i)
 
     try:
         if pool is None or not plans:
             for p in plans:  # inline: a chain would recurse once per plan
-                path, batches = prepare(p)
+                b, batches = prepare(p)
                 for batch in batches:
-                    write(path, batch)
+                    write(cast(_Blob, b), batch)
             if then is not None:
                 then()
         else:
@@ -143,9 +194,10 @@ def _write_temp(
         group.join()
     except BaseException:
         group.settle()  # joined already, unless interrupted while submitting
-        _abort(list(writers.values()))
+        _abort([b.writer for b in blobs])
         raise
-    return list(writers.values()), reused
+    _abort([b.writer for b in blobs if b.dropped])  # every job that used them has ended
+    return [b.writer for b in blobs if not b.dropped], reused
 
 
 def _commit(storage: CheckpointStorage, writers: list[BlobWriter], pool: Executor | None) -> None:
@@ -187,15 +239,19 @@ def write_checkpoint(
     tags: tuple[str, ...] = (),
     pool: Executor | None = None,
     known: set[str] | None = None,
+    fresh: set[str] | None = None,
 ) -> tuple[Manifest, WriteStats]:
     """Hash, write and publish a staged checkpoint at ``path`` (see the module docstring).
 
     ``known`` is a cache of blob paths this process already made durable; it is
-    updated with the blobs of this checkpoint.
+    updated with the blobs of this checkpoint. ``fresh``, kept by the caller from
+    one save to the next, holds the places in the state (:func:`_place`) whose blob
+    the last save wrote new: those are written while they are hashed, as is every
+    blob when the storage holds none yet.
     """
     try:
         return _write_checkpoint(storage, path, plans, tree=tree, meta=meta, versions=versions,
-                                 tags=tags, pool=pool, known=known)
+                                 tags=tags, pool=pool, known=known, fresh=fresh)
     except OSError as e:
         # A full disk must say which checkpoint it stopped (the worker's one-line error).
         e.segue_checkpoint = path  # type: ignore[attr-defined]
@@ -213,6 +269,7 @@ def _write_checkpoint(
     tags: tuple[str, ...],
     pool: Executor | None,
     known: set[str] | None,
+    fresh: set[str] | None,
 ) -> tuple[Manifest, WriteStats]:
     t0 = time.perf_counter()
     manifest_path = f"{path}/{MANIFEST_NAME}"
@@ -236,8 +293,12 @@ def _write_checkpoint(
         built.append((m, m.to_json().encode()))
 
     try:
+        # With nothing stored yet (a job's first save in its directory), no blob can be
+        # found: each is written while it is hashed. Asked only without a history.
+        empty = not fresh and _holds_no_blob(storage)
         writers, reused = _write_temp(storage, plans, pool, then=hashed,
-                                      reusable=lambda p: _present(storage, p, known))
+                                      reusable=lambda p: _present(storage, p, known),
+                                      guess=lambda p: empty or (fresh is not None and _place(p) in fresh))
         try:
             # A GC that ran before the marker may have removed a blob seen in step 1.
             gone = [p for p in reused if not _present(storage, p, None)]
@@ -274,6 +335,9 @@ def _write_checkpoint(
                 storage.remove(marker)
     if known is not None:
         known.update(p.path for p in unique)
+    if fresh is not None:
+        fresh.clear()
+        fresh.update(_place(p) for p in missing)
     stats = WriteStats(
         written_bytes=sum(p.size for p in missing),
         reused_bytes=sum(p.size for p in reused),
@@ -282,6 +346,16 @@ def _write_checkpoint(
         seconds=time.perf_counter() - t0,
     )
     return manifest, stats
+
+
+def _holds_no_blob(storage: CheckpointStorage) -> bool:
+    return all(f"{BLOB_DIR}/{name}" == PENDING_DIR for name in storage.listdir(BLOB_DIR))
+
+
+def _place(p: BlobPlan) -> str:
+    """Where a blob sits in its state: its kind, first reference and size. The same
+    place in the next save of the same state holds the same weights."""
+    return f"{p.kind}:{next(iter(p.arrays or p.opaque), '')}:{p.size}"
 
 
 def _manifest(
