@@ -14,7 +14,8 @@ Every side saves the same bytes K times, through its real engine. The sides:
   floor writes them (segue's writer's threads, writeback started per file, fsynced).
 
 A save is timed from its call until it is committed, after an ``os.sync()`` on every
-side. Each side gets the same number of saves: K per round, in rounds (3; ``--smoke`` 1)
+side; the two gang sides (segue's, DCP's) time rank 0 from a point where both ranks
+met (a collective round of the gang, DCP's ``dist.barrier()``). Each side gets the same number of saves: K per round, in rounds (3; ``--smoke`` 1)
 whose order of sides rotates, and each figure is the best of all of a side's saves, as
 in benchmarks.checkpoint (medians are printed beside them): this VM's disk has slow
 periods that last seconds and hit one side's block of saves but not the next, which

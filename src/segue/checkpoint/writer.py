@@ -91,12 +91,14 @@ def _write_temp(
 
     - as soon as it is hashed: the blob is created under its name and nothing is
       written that exists already;
-    - or, for a plan that ``guess`` says is new (its place in the state held a new
-      blob last time, as a weight that changes at every step does), before it is
-      hashed: the blob is written under an unnamed temp file while this job hashes
-      it, and named after. A guess that loses (the blob exists) stops its writes and
-      is aborted: its pages are dropped unwritten. Without the guess, a large blob's
-      whole hash (4 ms for 64 MiB here) came before its first byte went out.
+    - or, for a plan that ``guess`` says is new (nothing is stored yet, or its place
+      in the state held a new blob last time, as a weight that changes at every
+      step does), before it is hashed: the blob is written under an unnamed temp
+      file while this job hashes it, and named after. A guess that loses (the blob
+      exists) skips its remaining writes and is aborted once they have ended: its
+      pages are dropped, unwritten unless all of it was copied before the hash
+      ended. Without the guess, a large blob's whole hash (4 ms for 64 MiB here)
+      came before its first byte went out.
 
     A blob's bytes start for the device (:meth:`.BlobWriter.written`) once its last
     piece is written, while later blobs are still hashed and copied. ``then`` runs
