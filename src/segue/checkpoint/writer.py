@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 from .._faults import fault_point
 from ..errors import CheckpointError
@@ -70,7 +70,7 @@ class _Blob:
     dropped: bool = False
 
 
-Batches = list[list[tuple[int, memoryview]]]
+_Batches = list[list[tuple[int, memoryview]]]
 
 
 def _write_temp(
@@ -125,7 +125,7 @@ def _write_temp(
         if last and not b.dropped:
             b.writer.written()
 
-    def start(w: BlobWriter, batches: Batches) -> _Blob:
+    def start(w: BlobWriter, batches: _Batches) -> _Blob:
         b = _Blob(w, len(batches))
         with lock:
             blobs.append(b)
@@ -144,7 +144,7 @@ def _write_temp(
             return False
         return True
 
-    def prepare(p: BlobPlan) -> tuple[_Blob | None, Batches]:
+    def prepare(p: BlobPlan) -> tuple[_Blob | None, _Batches]:
         """Hash ``p`` and create its blob if new: the blob and the writes to queue."""
         p.join_segments()
         if not p.key:
@@ -187,8 +187,9 @@ def _write_temp(
         if pool is None or not plans:
             for p in plans:  # inline: a chain would recurse once per plan
                 b, batches = prepare(p)
-                for batch in batches:
-                    write(cast(_Blob, b), batch)
+                if b is not None:
+                    for batch in batches:
+                        write(b, batch)
             if then is not None:
                 then()
         else:
