@@ -192,13 +192,38 @@ def test_a_failure_during_a_guessed_write_leaves_the_last_checkpoint_and_no_temp
         first = _weights(1)
         cp.save("s1", first)
         cp.save("s2", _weights(2))
-        assert guesses  # the save that fails below writes on a guess too
+        n = len(guesses)
         _faults.rearm("checkpoint.pwrite:enospc:2")  # a full disk in the guessed writes
         with pytest.raises(OSError, match="No space left"):
             cp.save("s3", _weights(3))
         assert _faults._hits.get("checkpoint.pwrite", 0) >= 2  # the fault landed
+        assert len(guesses) > n  # in a save that wrote on a guess
     finally:
         _faults.rearm("")
         cp.close()
     assert temp_files(storage) == [] and not storage.exists("s3/MANIFEST.json")
     assert ckpt.load(storage, "s1").state["w"].tobytes() == first["w"].tobytes()
+
+
+def test_the_empty_store_question_is_not_asked_where_no_blob_is_guessed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JSON-only state (a data step's, saved every second) has no blob to guess: its
+    saves never list the blob directory; a writer that saved blobs here asks no more."""
+    listed: list[str] = []
+    real = storage_mod.LocalStorage.listdir
+
+    def listdir(self: Any, reldir: str) -> list[str]:
+        listed.append(reldir)
+        return real(self, reldir)
+
+    monkeypatch.setattr(storage_mod.LocalStorage, "listdir", listdir)
+    storage = ckpt.LocalStorage(tmp_path)
+    with ckpt.Checkpointer(storage) as cp:
+        for i in range(3):
+            cp.save(f"j{i}", {"offset": i, "file": "part-0001.jsonl"})
+        assert "blobs" not in listed
+        cp.save("w1", _weights(1))  # the first blobs: asked once
+        assert listed.count("blobs") == 1
+        cp.save("w2", {k: v.copy() for k, v in _weights(1).items()})  # frozen: all reused
+        cp.save("w3", {k: v.copy() for k, v in _weights(1).items()})
+    assert listed.count("blobs") == 1

@@ -24,6 +24,7 @@ before every blob it references is durable.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import threading
@@ -297,11 +298,16 @@ def _write_checkpoint(
 
     try:
         # With nothing stored yet (a job's first save in its directory), no blob can be
-        # found: each is written while it is hashed. Asked only without a history.
-        empty = not fresh and _holds_no_blob(storage)
+        # found: each is written while it is hashed. Asked at most once, only for a blob
+        # with no history, never by a process that made blobs durable here already
+        # (not at every save of a JSON-only state, nor of a frozen one).
+        empty = functools.cache(lambda: not known and _holds_no_blob(storage))
+
+        def guess(p: BlobPlan) -> bool:
+            return (fresh is not None and _place(p) in fresh) or empty()
+
         writers, reused = _write_temp(storage, plans, pool, then=hashed,
-                                      reusable=lambda p: _present(storage, p, known),
-                                      guess=lambda p: empty or (fresh is not None and _place(p) in fresh))
+                                      reusable=lambda p: _present(storage, p, known), guess=guess)
         try:
             # A GC that ran before the marker may have removed a blob seen in step 1.
             gone = [p for p in reused if not _present(storage, p, None)]
