@@ -138,6 +138,7 @@ def test_stale_publish_after_takeover_is_rejected(tmp_path: Path) -> None:
     zombie_sink = JsonlSink(tmp_path / "out")
     zombie_sink._scope = Scope(run.run_id, run.step, a.epoch)  # as the zombie process holds it
     zombie_sink._pending = [{"staged": "x", "final": "y", "records": 1}]
+    zombie_sink._staged = 1  # its last stage() covered that part
     os.makedirs(zombie_sink.staging, exist_ok=True)
     with pytest.raises(FencedError, match=r"^publish from epoch 1 rejected: epoch 2 owns "):
         zombie_sink.publish()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sinkkit import SINK_KINDS, SinkKit, records
@@ -109,3 +110,47 @@ def test_sequential_attempts_and_steps_do_not_collide(kit: SinkKit) -> None:
     s.finish()
     s.close()
     assert sorted(x["k"] for x in kit.read()) == list(range(30))
+
+
+@pytest.fixture(params=["jsonl", "parquet"])
+def worker_kit(request: pytest.FixtureRequest, tmp_path: Path) -> SinkKit:
+    """The sinks a parallel step's sub-workers write, which go on writing while a checkpoint commits."""
+    if request.param == "parquet":
+        pytest.importorskip("pyarrow", reason="pyarrow is not installed; pip install pyarrow")
+    return SinkKit(request.param, tmp_path)
+
+
+def _read_on_past_the_cut(kit: SinkKit) -> tuple[Any, dict[str, Any]]:
+    """A sub-worker's sink: 10 records staged (the state a checkpoint records), then 20 more
+    written while that checkpoint commits; returns (sink, the staged state)."""
+    s = kit.make()
+    s.open(Scope("run1", "step1", 1, worker=0), None)
+    recs = records(30)
+    _write(s, recs[:10], "00000")
+    s.stage()
+    committed = s.state()
+    _write(s, recs[10:20], "00001")
+    _write(s, recs[20:], "00002")  # a new shard: the part of 00001 is closed, not staged
+    return s, committed
+
+
+def test_publish_covers_what_stage_staged_and_no_later_part(worker_kit: SinkKit) -> None:
+    s, committed = _read_on_past_the_cut(worker_kit)
+    s.publish()  # the checkpoint committed
+    assert sorted(r["k"] for r in worker_kit.read()) == list(range(10))
+    assert [p["records"] for p in committed["pending"]] == [10]
+    s.stage()
+    assert len(s.state()["pending"]) == 2  # what came after the cut, for the next checkpoint
+    s.publish()
+    assert sorted(r["k"] for r in worker_kit.read()) == list(range(30))
+    s.close()
+
+
+def test_output_written_past_the_cut_is_dropped_on_recovery(worker_kit: SinkKit) -> None:
+    s, committed = _read_on_past_the_cut(worker_kit)
+    s.close()  # killed after the commit, before the publish: the later parts are not covered
+    r = worker_kit.make()
+    r.open(Scope("run1", "step1", 2, worker=0), committed)
+    assert sorted(x["k"] for x in worker_kit.read()) == list(range(10))
+    assert not [p for p in Path(r.staging).iterdir() if p.name != "FENCE"]  # no leftover part
+    r.close()

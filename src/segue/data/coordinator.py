@@ -7,9 +7,13 @@ commits. The engine sees one task, one attempt, one checkpoint stream.
 Checkpoint barrier: every sub-worker stops at a unit boundary and stages its
 sink; the coordinator commits ONE checkpoint naming the queue, every
 assignment and position and every sub-worker's sink state; only then do the
-sub-workers publish. Rebalancing happens at a barrier too: a lagging shard
-is split at its position, the two halves of its remainder go to the lagging
-and to an idle sub-worker, and that checkpoint commits the split.
+sub-workers publish what they staged. A plain barrier does not hold the
+sub-workers: each reads on past its ``staged`` message while the checkpoint
+commits, and the coordinator takes its state at that message and defers what
+it says after until the commit is done (a consistent cut; the later output
+waits for the next checkpoint). Rebalancing happens at a barrier that holds:
+a lagging shard is split at its position, the two halves of its remainder go
+to the lagging and to an idle sub-worker, and that checkpoint commits the split.
 
 Elastic steps (``workers=(min, max)``): the checkpoint has ``max`` slots, each
 with its own sink scope; a slot is *live* while a sub-worker serves it. A
@@ -78,6 +82,7 @@ class ParallelMapRun(MapRun):
         self.scaler = scaler if scaler is not None else Scaler.for_attempt(ctx, low, workers)
         self.live: dict[int, Group | None] = {}  # slot -> the devices of its sub-worker
         self.starting: dict[int, Group | None] = {}  # started, not yet opened its sinks
+        self._past_cut: list[tuple[int, tuple[Any, ...]]] = []  # said after a barrier's "staged"
 
     def _pickled_recipe(self) -> Recipe:
         if not self.allow_pickle:
@@ -229,17 +234,28 @@ class ParallelMapRun(MapRun):
         elif kind not in ("published",):
             raise SubWorkerLost(f"sub-worker {i} sent an unexpected {kind!r}")
 
-    def _await(self, kind: str, which: Any) -> dict[int, tuple[Any, ...]]:
+    def _await(self, kind: str, which: Any, *, cut: bool = False) -> dict[int, tuple[Any, ...]]:
+        """The ``kind`` message of every member in ``which``; others are handled as they
+        come, except, with ``cut``, what a member says after its own: that is kept for
+        :meth:`_past_the_cut`, so the state stays as of the cut."""
         want = set(which)
         got: dict[int, tuple[Any, ...]] = {}
         while want:
             for i, msg in self.pool.recv(1.0):
-                if msg[0] == kind and i in want:
+                if cut and i in got:
+                    self._past_cut.append((i, msg))
+                elif msg[0] == kind and i in want:
                     got[i] = msg
                     want.discard(i)
                 else:
                     self._on(i, msg)
         return got
+
+    def _past_the_cut(self) -> None:
+        """Handle, in order, what the members said after the last barrier's cut."""
+        said, self._past_cut = self._past_cut, []
+        for i, msg in said:
+            self._on(i, msg)
 
     def _assign_idle(self) -> None:
         for i in sorted(self.live):
@@ -339,9 +355,12 @@ class ParallelMapRun(MapRun):
     # -- the barrier --------------------------------------------------------------
     def _barrier(self, split: bool = False, done: bool = False, retire: Any = ()) -> None:
         live = sorted(self.live)
+        # Held: a barrier whose checkpoint moves work (the new assignments start from
+        # the staged positions), and one a pause will park at (nothing more to do).
+        hold = split or done or bool(retire) or bool(getattr(self.ctx, "pause_requested", False))
         for i in live:
-            self.pool.send(i, ("barrier",))
-        staged = self._await("staged", live)
+            self.pool.send(i, ("barrier", hold))
+        staged = self._await("staged", live, cut=True)
         for i, msg in staged.items():
             self.sink_states[i], self.dead_states[i] = msg[1], msg[2]
         moves: dict[int, Shard] = {}
@@ -361,10 +380,12 @@ class ParallelMapRun(MapRun):
             self.ctx.checkpoint(state, position=self._parallel_position(done_units), durable=True)
         except Park:
             # Committed: publish what it names, then unwind (execute stops the pool).
+            self._past_the_cut()
             for i in live:
                 self.pool.send(i, ("publish", None, None))
             self._await("published", live)
             raise
+        self._past_the_cut()
         for i in live:
             s = moves.get(i)
             if i in retire:

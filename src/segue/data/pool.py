@@ -13,6 +13,7 @@ coordinator's checkpoint and the sinks' two-phase commit.
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 from abc import ABC, abstractmethod
@@ -21,6 +22,8 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
 from .errors import DataError
+
+log = logging.getLogger("segue.data")
 
 
 class SubWorkerLost(DataError):
@@ -117,7 +120,11 @@ class ConnectionPool(SubWorkerPool):
 
 
 class LocalProcessPool(ConnectionPool):
-    """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork)."""
+    """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork).
+
+    A fixed map step's sub-workers were usually started already, by the worker
+    before its imports (segue.executor.local_warm): ``add`` takes those.
+    """
 
     def __init__(self, target: Callable[..., None] | None = None, noun: str = "sub-worker") -> None:
         # ``target(conn, parent_pid, index, recipe, devices)`` runs in each process:
@@ -127,8 +134,16 @@ class LocalProcessPool(ConnectionPool):
         self._procs: dict[int, Any] = {}
 
     def add(self, index: int, recipe: Any, devices: tuple[int, ...] | None) -> None:
+        from ..executor import local_warm
         from .subworker import main
 
+        # A map step's sub-worker the worker warmed at its start runs the same entry
+        # point over the same kind of pipe; only a member it did not warm starts here.
+        warmed = local_warm.take(index, recipe, devices) if self._target is None else None
+        if warmed is not None:
+            self._procs[index], self._conns[index] = warmed
+            log.info("%s %d (pid %d) was warmed with the attempt", self._noun, index, warmed[0].pid)
+            return
         mp = multiprocessing.get_context("spawn")
         mine, theirs = mp.Pipe(duplex=True)
         p = mp.Process(target=self._target or main, args=(theirs, os.getpid(), index, recipe, devices),
@@ -173,6 +188,10 @@ class LocalProcessPool(ConnectionPool):
         for c in self._conns.values():
             c.close()
         self._procs, self._conns, self._leaving = {}, {}, set()
+        if self._target is None:
+            from ..executor import local_warm
+
+            local_warm.release()  # warmed for this step and never needed
 
 
 def default_pool(noun: str, *, target: Callable[..., None] | None = None, resources: Any = None,

@@ -7,18 +7,32 @@ through the coordinator. Protocol (coordinator -> sub-worker, replies)::
 
     open SINK DEAD      -> opened              recover its own staged parts
     assign SHARD POS                           read SHARD from POS
-                        <- tick POS IN OUT BYTES FAILS ERR   after every unit
+                        <- tick POS IN OUT BYTES FAILS ERR   units done since the last
+                                               tick (at most every TICK_S, at once
+                                               after a failure, always before any
+                                               other message)
                         <- idle                the shard is exhausted
-    barrier             -> staged SINK DEAD    at the next unit boundary
-    publish [SHARD POS] -> published           after the commit; maybe a new shard
+    barrier HOLD        -> staged SINK DEAD    at the next unit boundary; then, if
+                                               HOLD, wait for the decision, else
+                                               read on while the coordinator commits
+    publish [SHARD POS] -> published           after the commit: publish what the
+                                               barrier staged; maybe a new shard
+    retire              -> published, exit     after the commit (HOLD barriers only)
     finish              -> finished            the step is done
-    stop                                       exit
+    stop                                       exit (the commit failed, or the end)
+
+A barrier that moves work (a split, a retirement, the last one) holds: the
+assignment it decides starts from the staged position. Any other barrier does
+not, so the sub-workers keep both cores busy through the commit's fsyncs; the
+coordinator takes each sub-worker's state at its ``staged`` message and defers
+what it says after, so the checkpoint is still a consistent cut.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -27,6 +41,11 @@ from typing import Any
 from ..run.procs import die_with_parent
 from .driver import dead_rows, default_dead_letter, iter_units
 from .sinks.base import Scope
+
+TICK_S = 0.02
+"""How often at most a sub-worker reports its progress: the coordinator reads each
+tick in Python, and on two cores its time is the sub-workers' (one tick per unit
+cost it ~8% of a core at 400k records/s)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +114,9 @@ class _SubWorker:
         self.scope = Scope(recipe.run_id, recipe.step, recipe.epoch, worker=index)
         self.shard: Any = None
         self.position: Any = None
+        self._tick = [0, 0, 0, 0]  # records in, out, bytes, failures since the last tick
+        self._tick_error = ""  # the last failure's, since the last tick
+        self._ticked = time.monotonic()
 
     def serve(self) -> None:
         while True:
@@ -112,7 +134,7 @@ class _SubWorker:
                     break
             if not switched:
                 self.shard = None
-                self.conn.send(("idle",))
+                self._say(("idle",))
 
     def _process(self, unit: Any) -> None:
         shard, sink = self.shard, self.sink
@@ -128,10 +150,32 @@ class _SubWorker:
             self.dead.write(rows, shard.key, [f"{shard.key}:{r['ordinal']}" for r in rows])
             err = res.failures[-1][2]
         self.position = unit.position
-        self.conn.send(("tick", unit.position, len(unit.records), len(res.outputs), unit.nbytes,
-                        len(res.failures), err))
+        t = self._tick
+        t[0] += len(unit.records)
+        t[1] += len(res.outputs)
+        t[2] += unit.nbytes
+        if res.failures:
+            t[3] += len(res.failures)
+            self._tick_error = err
+        now = time.monotonic()
+        if res.failures or now - self._ticked >= TICK_S:  # failures at once: limits count them
+            self._flush_tick(now)
+
+    def _flush_tick(self, now: float) -> None:
+        t = self._tick
+        if t[0] or t[3]:
+            self.conn.send(("tick", self.position, t[0], t[1], t[2], t[3], self._tick_error))
+            self._tick, self._tick_error = [0, 0, 0, 0], ""
+        self._ticked = now
+
+    def _say(self, message: tuple[Any, ...]) -> None:
+        """Send ``message`` after the progress it follows: the coordinator's view of this
+        sub-worker (the position a checkpoint records) is always up to date when it reads one."""
+        self._flush_tick(time.monotonic())
+        self.conn.send(message)
 
     def _assign(self, shard_json: dict[str, Any], position: Any) -> None:
+        self._flush_tick(time.monotonic())  # a tick's position is in the shard it was read from
         self.shard = self.source.shard_from_json(shard_json)
         self.position = position if position is not None else self.shard.start()
 
@@ -148,22 +192,22 @@ class _SubWorker:
         elif cmd == "barrier":
             self.sink.stage()
             self.dead.stage()
-            self.conn.send(("staged", self.sink.state(), self.dead.state()))
-            reply = self.conn.recv()  # nothing else may happen until the commit is decided
-            if reply[0] == "stop":
-                raise SystemExit(0)
+            self._say(("staged", self.sink.state(), self.dead.state()))
+            if msg[1]:  # a barrier that moves work: nothing else until the commit is decided
+                return self._handle(self.conn.recv())
+        elif cmd in ("publish", "retire"):
             self.sink.publish()
             self.dead.publish()
-            self.conn.send(("published",))
-            if reply[0] == "retire":  # committed and published: give the devices back
+            self._say(("published",))
+            if cmd == "retire":  # committed and published: give the devices back
                 raise SystemExit(0)
-            if reply[1] is not None:
-                self._assign(reply[1], reply[2])
+            if msg[1] is not None:
+                self._assign(msg[1], msg[2])
                 return True
         elif cmd == "finish":
             self.sink.finish()
             self.dead.finish()
-            self.conn.send(("finished",))
+            self._say(("finished",))
         elif cmd == "stop":
             raise SystemExit(0)
         return False

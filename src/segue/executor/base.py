@@ -32,6 +32,14 @@ class Launch:
     world_size: int = 1
 
 
+def warm_members(spec: Launch) -> int:
+    """How many sub-workers to warm with the attempt: all of a data step with a fixed
+    number of them. An elastic step grows and shrinks by the pool's grants, and a
+    gang's ranks are placed as one group: theirs start when the worker asks."""
+    lo, hi = spec.resources.workers
+    return hi if spec.world_size == 1 and lo == hi > 1 else 0
+
+
 class WorkerHandle(ABC):
     """A started attempt."""
 

@@ -1,4 +1,8 @@
-"""Run each attempt as a local child process (``python -m segue.run.worker``)."""
+"""Run each attempt as a local child process (``python -m segue._worker_main``).
+
+A data step with a fixed number of sub-workers has them warmed: the worker starts
+them before its own imports (``--warm N``, segue.executor.local_warm).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import signal
 import subprocess
 import sys
 
-from .base import Executor, Launch, WorkerHandle
+from .base import Executor, Launch, WorkerHandle, warm_members
 
 
 class ProcessHandle(WorkerHandle):
@@ -36,6 +40,9 @@ class LocalProcessExecutor(Executor):
             "--home", str(spec.home), "--run", spec.run_id, "--step", spec.step,
             "--epoch", str(spec.epoch), "--parent-pid", str(os.getpid()),
         ]
+        warm = warm_members(spec)
+        if warm:  # started by the worker before its own imports (executor.local_warm)
+            cmd += ["--warm", str(warm)]
         with open(spec.log_path, "ab") as log:
             # A new session: the terminal's Ctrl-C reaches the controller only,
             # which decides between a graceful pause and an immediate stop.

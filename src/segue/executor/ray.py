@@ -45,7 +45,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..flow.model import Resources
-from .base import Executor, Launch, PoolHost, WorkerHandle
+from .base import Executor, Launch, PoolHost, WorkerHandle, warm_members
 
 log = logging.getLogger("segue.executor.ray")
 
@@ -371,14 +371,6 @@ class RayExecutor(Executor):
                                          namespace="segue").remote()
         actor.warm.remote(kind="sub-worker", env=env, flow=bundle, flow_name=Path(spec.flow_path).name)
         return actor
-
-
-def warm_members(spec: Launch) -> int:
-    """How many sub-workers to warm with the attempt: all of a data step with a fixed
-    number of them. An elastic step grows and shrinks by the pool's grants, and a
-    gang's ranks are placed as one group: theirs start when the worker asks."""
-    lo, hi = spec.resources.workers
-    return hi if spec.world_size == 1 and lo == hi > 1 else 0
 
 
 def member_name(attempt: str, index: int) -> str:

@@ -34,10 +34,8 @@ import threading
 from multiprocessing.connection import Client
 from typing import Any
 
+from .local_warm import MEMBER_TARGETS
 from .ray_node import LOG_CHUNK, _scratch, actor_child_environment, node_home, signal_child
-
-# What a member runs, by name (the child imports only the one it needs).
-TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
 
 
 def _free_port() -> int:
@@ -125,7 +123,7 @@ def main() -> None:
     recipe, run the entry point."""
     import importlib
 
-    module, name = TARGETS[os.environ["SEGUE_MEMBER_KIND"]]
+    module, name = MEMBER_TARGETS[os.environ["SEGUE_MEMBER_KIND"]]
     entry = getattr(importlib.import_module(module), name)  # (a warmed member: while it waits)
     line = sys.stdin.buffer.readline()
     if not line:

@@ -224,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--step", required=True)
     p.add_argument("--epoch", required=True, type=int)
     p.add_argument("--parent-pid", required=True, type=int)
+    p.add_argument("--warm", type=int, default=0,
+                   help="sub-workers segue._worker_main started first (segue.executor.local_warm)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     t0 = time.time()

@@ -10,8 +10,8 @@ Life of a sink inside :func:`segue.data.run_map`::
     stage()                        make the staged parts durable
     state()                        JSON to put into the step checkpoint
     -- ctx.checkpoint(state) --    the commit point
-    publish()                      make the staged parts visible; fenced: refused
-                                   once a newer epoch opened the sink
+    publish()                      make what the last stage() staged visible; fenced:
+                                   refused once a newer epoch opened the sink
     finish()                       the step is done: drop the staging area
 
 Staged names carry (run, step, epoch, part); published names are
@@ -70,7 +70,10 @@ class Sink(ABC):
 
     @abstractmethod
     def publish(self) -> None:
-        """Publish the pending parts; call only after the checkpoint committed."""
+        """Publish what the last ``stage()`` staged; call only after the checkpoint that
+        recorded its ``state()`` committed. A sink with ``supports_workers`` may have been
+        written to since (a parallel step's sub-worker goes on while the coordinator
+        commits): that later output stays unpublished, for the next checkpoint."""
 
     def preflight(self, run_id: str, step: str) -> None:  # noqa: B027 - optional hook
         """Raise SinkOwnedError if ``open`` would refuse this run's step; writes nothing.

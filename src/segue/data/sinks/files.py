@@ -55,7 +55,8 @@ class FileSink(Sink):
         self._final = self._final_pattern()
         self._scope: Scope | None = None
         self._next_part = 0
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # closed parts, not yet published
+        self._staged = 0  # how many of them the last stage() covered (publish() publishes those)
         self._cur: dict[str, Any] | None = None  # the open part
 
     # -- naming ---------------------------------------------------------------
@@ -123,7 +124,7 @@ class FileSink(Sink):
                 if name != "FENCE" and not os.path.isdir(path):
                     os.unlink(path)
         self._next_part = 0 if state is None else int(state["next_part"])
-        self._pending = []
+        self._pending, self._staged = [], 0
 
     def _roll_forward(self, pending: list[dict[str, Any]]) -> None:
         for p in pending:
@@ -173,6 +174,7 @@ class FileSink(Sink):
 
     def stage(self) -> None:
         self._close_part()
+        self._staged = len(self._pending)
         if self._pending:
             fsync_dir(self.staging)
 
@@ -184,13 +186,16 @@ class FileSink(Sink):
     def publish(self) -> None:
         if self._scope is None:
             raise RuntimeError("sink used before open()")
-        if not self._pending:
+        # Only what the checkpoint covers: a part closed since stage() (a sub-worker
+        # writes on while its coordinator commits) waits for the next checkpoint.
+        covered, self._pending = self._pending[:self._staged], self._pending[self._staged:]
+        self._staged = 0
+        if not covered:
             return
         with fence(self.staging, self._scope.epoch, advance=False), self.ownership.publishing(claim=True):
-            for p in self._pending:
+            for p in covered:
                 os.replace(os.path.join(self.staging, p["staged"]), os.path.join(self.directory, p["final"]))
             fsync_dir(self.directory)
-        self._pending = []
 
     def finish(self) -> None:
         # Keep FENCE: it is what refuses a zombie's publish after the step is done.

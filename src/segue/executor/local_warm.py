@@ -1,0 +1,105 @@
+"""Warmed members of a local attempt: a data step's sub-workers, started before the worker imports.
+
+A data step with a fixed number of sub-workers (:func:`segue.executor.base.warm_members`)
+has them started by its worker process first thing (``segue._worker_main --warm N``),
+before the worker imports the engine and loads the flow, so their interpreters and
+imports run on the cores the worker's own start-up leaves idle instead of after it:
+on two cores this took ~0.25 s off a two-worker step's start. It is the local twin
+of the Ray executor's warmed sub-worker actors.
+
+Each member is a ``spawn`` process, as a cold sub-worker is, that imports its entry
+point and then waits on its pipe for ``("start", index, recipe, devices)``;
+:class:`segue.data.pool.LocalProcessPool` takes them by index, once each
+(:func:`take`), and a member it never takes is stopped with the pool
+(:func:`release`) or dies with the worker (``PR_SET_PDEATHSIG``; the pipe's EOF).
+A member runs exactly the entry point a cold one runs, over the same pipe: it
+decides nothing, and it sees no devices until its recipe names them (the entry
+point sets ``CUDA_VISIBLE_DEVICES`` before the flow, or any framework, loads).
+
+The members live in this module's table because they belong to the process: the
+worker started them before any object that could hold them existed.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from multiprocessing.connection import Connection
+from typing import Any
+
+# What a step's member process runs, by name: a child imports only the one it needs
+# (here, and executor.ray_member on Ray). Nothing else of segue is imported at the top
+# of this module: the worker imports it before anything, and so does each member.
+MEMBER_TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
+
+_members: dict[int, tuple[Any, Connection]] = {}
+
+
+def warm(n: int, kind: str = "sub-worker") -> None:
+    """Start ``n`` members of ``kind`` (indexes 0..n-1) for this process to take."""
+    mp = multiprocessing.get_context("spawn")  # the worker will have threads: never fork
+    for index in range(n):
+        mine, theirs = mp.Pipe(duplex=True)
+        proc = mp.Process(target=_member, args=(theirs, os.getpid(), kind),
+                          name=f"segue-{kind.replace('-', '')}-{index}", daemon=True)
+        proc.start()
+        theirs.close()  # so that the member's death reads as EOF here
+        _members[index] = (proc, mine)
+
+
+def take(index: int, recipe: Any, devices: tuple[int, ...] | None) -> tuple[Any, Connection] | None:
+    """Member ``index``, started on ``recipe`` with ``devices``, as (process, connection);
+    None when none was warmed for it or it died waiting (start a cold one)."""
+    got = _members.pop(index, None)
+    if got is None:
+        return None
+    proc, conn = got
+    try:
+        conn.send(("start", index, recipe, devices))
+    except OSError:
+        _end(proc, conn)
+        return None
+    return proc, conn
+
+
+def release() -> None:
+    """Stop every member not taken (the step needed fewer, or none); idempotent."""
+    while _members:
+        _end(*_members.popitem()[1])
+
+
+def warmed() -> dict[int, int]:
+    """The members waiting to be taken: index -> pid."""
+    return {i: proc.pid for i, (proc, _) in sorted(_members.items())}
+
+
+def _end(proc: Any, conn: Connection) -> None:
+    conn.close()  # EOF: a waiting member returns at once
+    proc.join(2.0)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(2.0)
+
+
+def _member(conn: Connection, parent_pid: int, kind: str) -> None:
+    """A member process: import the entry point, wait for the recipe, run it."""
+    import importlib
+
+    # The worker ignores these until its handlers are installed, and an ignored
+    # signal stays ignored across exec: a member gets the default a cold one has.
+    for sig in (signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, signal.SIG_DFL)
+    from ..run.procs import die_with_parent
+
+    die_with_parent(parent_pid, 3)
+    module, name = MEMBER_TARGETS[kind]
+    entry = getattr(importlib.import_module(module), name)  # while the worker starts
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return  # not needed: the pool released it, or the worker ended
+    if msg[0] != "start":
+        return
+    _, index, recipe, devices = msg
+    entry(conn, parent_pid, index, recipe, devices)
