@@ -8,6 +8,9 @@ same ``transform`` and writes JSONL, each in its own process:
 
 * ``plain``: a single Python loop, its output fsynced every second and at the end
   (durable the way segue's checkpoints are);
+* ``plain_2p``: two such loops at once, each on half the files: what this machine's
+  cores give two workers with no engine at all. ``plain_2p_vs_plain`` is the ceiling of
+  ``scale_2_workers`` here, and ``scale_2_workers_vs_machine`` how close segue comes;
 * ``segue_1w`` / ``segue_2w``: ``segue run benchmarks/flows/pipeline_flow.py`` for
   real (SQLite store, controller, worker process, sub-workers for 2w, a durable
   checkpoint every second through the exactly-once JSONL sink);
@@ -153,7 +156,8 @@ with open(out, "w") as g:
                     g.flush(); os.fsync(g.fileno()); last = time.monotonic()
     g.flush()
     os.fsync(g.fileno())
-print(json.dumps({"seconds": time.perf_counter() - t0}))
+t1 = time.perf_counter()  # CLOCK_MONOTONIC: comparable across the processes of plain_2p
+print(json.dumps({"seconds": t1 - t0, "t0": t0, "t1": t1}))
 '''
 
 _FSYNC_OUT = '''
@@ -246,6 +250,24 @@ class Bench:
         if got is None:
             raise RuntimeError(f"plain loop {err}")
         return {"work_s": got["seconds"], "wall_s": wall}, out
+
+    def plain_2p(self) -> tuple[dict[str, Any] | None, Path]:
+        """The machine's own ceiling for two workers: two plain loops at once, each on half
+        the files, from the first one's start of its pipeline to the last one's fsynced end."""
+        out = self._out("plain2p")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        half = (len(self.files) + 1) // 2
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, "-c", TRANSFORM_SRC + PLAIN, ",".join(map(str, part)),
+                                   f"{out}-{i}", str(self.every_s)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+                 for i, part in enumerate((self.files[:half], self.files[half:]))]
+        said = [p.communicate(timeout=3600) for p in procs]
+        wall = time.perf_counter() - t0
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"plain loop (two processes) failed: {[e[-500:] for _, e in said]}")
+        got = [json.loads([ln for ln in o.splitlines() if ln.startswith("{")][-1]) for o, _ in said]
+        return {"work_s": max(g["t1"] for g in got) - min(g["t0"] for g in got), "wall_s": wall}, out
 
     def segue(self, workers: int) -> tuple[dict[str, Any] | None, Path]:
         from segue.home import Home
@@ -439,7 +461,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.resume_sizes:
         resume_sizes = tuple(int(x) for x in a.resume_sizes.split(","))
     say = (lambda *x: None) if a.json else (lambda *x: print(*x, file=sys.stderr, flush=True))
-    notes: list[str] = []
+    notes: list[str] = [n for n in (pb.byte_compile_segue(),) if n]
     with tempfile.TemporaryDirectory(prefix="segue-bench-") as tmp:
         work = Path(tmp)
         pb.private_pool(work)  # never wait behind (or hold) other runs of this machine
@@ -448,6 +470,7 @@ def main(argv: list[str] | None = None) -> None:
         bench = Bench(work, files, 1.0, a.peer_python, a.peer_timeout)
         sides: dict[str, Runner] = {
             "plain": bench.plain,
+            **({"plain_2p": bench.plain_2p} if len(files) > 1 else {}),
             "segue_1w": lambda: bench.segue(1),
             "segue_2w": lambda: bench.segue(2),
             "inprocess": bench.inprocess,
@@ -548,6 +571,11 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
         "ray_data_records_per_s": round(ray) if ray else None, "ray_data_config": ray_name,
         "vs_plain_loop": ratio(rate("segue_1w"), rate("plain")),
         "scale_2_workers": ratio(rate("segue_2w"), rate("segue_1w")),
+        # The ceiling of that ratio on this machine, measured in the same run: two plain
+        # loops at once against one; and how close segue's two workers come to it.
+        "plain_2p_vs_plain": ratio(rate("plain_2p"), rate("plain")),
+        "scale_2_workers_vs_machine": ratio(ratio(rate("segue_2w"), rate("segue_1w")),
+                                            ratio(rate("plain_2p"), rate("plain"))),
         "vs_beam": ratio(seg, beam),
         "vs_ray_data": ratio(seg, ray),
         "vs_plain_loop_wall": ratio(rate("segue_1w", "wall_s"), rate("plain", "wall_s")),

@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     # Enough records that the step's work, not the start of its actors, is timed.
     records, tries = (3000, 1) if a.smoke else (3_000_000, 2) if a.quick else (6_000_000, 3)
     stall = a.ray_stall or (20.0 if a.smoke else 60.0)
+    notes = [n for n in (pb.byte_compile_segue(),) if n]
     want = {f"rank{r}": _expected(r, mb, k) for r in range(2)}
     times: dict[str, list[float]] = {"gang": [], "single": [], "dcp": [], "raw": []}
     dcp_skipped: str | None = None
@@ -288,8 +289,9 @@ def main(argv: list[str] | None = None) -> None:
                                   "efficiency_2_workers": (">=", 0.8), "vs_ray_data": (">=", 1.2),
                                   "node_loss_recovery_s": ("<=", round(detection + 2.0, 3))})
     if a.smoke:
-        out["notes"] = ["--smoke: 1 MiB states, 3,000 records, one try; figures mean nothing, the run "
-                        "checks it works"]
+        notes.append("--smoke: 1 MiB states, 3,000 records, one try; figures mean nothing, the run "
+                     "checks it works")
+    out["notes"] = notes
     if not a.json:
         for key, v in out.items():
             print(f"{key:>22}: {v}")
