@@ -63,23 +63,23 @@ def alive(pid: int | None) -> bool:
         return False
 
 
-def byte_compile_segue() -> str | None:
+def byte_compile_segue() -> list[str]:
     """Byte-compile segue's own sources, as installing its wheel does (pip compiles every
     package it installs, the peers' included), so no process of the benchmark compiles
     them at start-up. An editable install has no bytecode, and where
     $PYTHONDONTWRITEBYTECODE is set (this project's machines) none is ever written: every
-    segue process then compiled its imports from source, 40-50 ms of CPU each. The note
-    for the JSON's ``notes``, or None where segue's directory is read-only."""
+    segue process then compiled its imports from source, 40-50 ms of CPU each. Returns
+    the benchmark's first ``notes`` (none where segue's directory is read-only)."""
     import compileall
 
     import segue
 
     root = Path(segue.__file__).parent
     if not os.access(root, os.W_OK):
-        return None
+        return []
     ok = compileall.compile_dir(str(root), quiet=1)
-    return (f"segue's sources byte-compiled before timing ({root}), as installing its wheel does"
-            if ok else f"some of segue's sources could not be byte-compiled ({root})")
+    return [f"segue's sources byte-compiled before timing ({root}), as installing its wheel does"
+            if ok else f"some of segue's sources could not be byte-compiled ({root})"]
 
 
 def worker_startup_s() -> float:

@@ -241,33 +241,37 @@ class Bench:
         self.n_run += 1
         return self.work / "out" / f"{self.n_run:04d}-{name}"
 
-    def plain(self) -> tuple[dict[str, Any] | None, Path]:
-        out = self._out("plain")
-        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def _plain_loop(self, files: list[Path], out: Path) -> tuple[dict[str, Any], float]:
         got, wall, err = _subprocess_json(
-            [sys.executable, "-c", TRANSFORM_SRC + PLAIN, ",".join(map(str, self.files)), str(out),
+            [sys.executable, "-c", TRANSFORM_SRC + PLAIN, ",".join(map(str, files)), str(out),
              str(self.every_s)], timeout=3600)
         if got is None:
             raise RuntimeError(f"plain loop {err}")
+        return got, wall
+
+    def plain(self) -> tuple[dict[str, Any] | None, Path]:
+        out = self._out("plain")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        got, wall = self._plain_loop(self.files, out)
         return {"work_s": got["seconds"], "wall_s": wall}, out
 
     def plain_2p(self) -> tuple[dict[str, Any] | None, Path]:
         """The machine's own ceiling for two workers: two plain loops at once, each on half
-        the files, from the first one's start of its pipeline to the last one's fsynced end."""
+        the files, from the first one's start of its pipeline to the last one's fsynced end
+        (the few ms between their starts count against them, as a sub-worker's start-up
+        counts against segue)."""
+        from concurrent.futures import ThreadPoolExecutor
+
         out = self._out("plain2p")
         out.parent.mkdir(parents=True, exist_ok=True)
         half = (len(self.files) + 1) // 2
-        t0 = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-c", TRANSFORM_SRC + PLAIN, ",".join(map(str, part)),
-                                   f"{out}-{i}", str(self.every_s)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True)
-                 for i, part in enumerate((self.files[:half], self.files[half:]))]
-        said = [p.communicate(timeout=3600) for p in procs]
-        wall = time.perf_counter() - t0
-        if any(p.returncode for p in procs):
-            raise RuntimeError(f"plain loop (two processes) failed: {[e[-500:] for _, e in said]}")
-        got = [json.loads([ln for ln in o.splitlines() if ln.startswith("{")][-1]) for o, _ in said]
-        return {"work_s": max(g["t1"] for g in got) - min(g["t0"] for g in got), "wall_s": wall}, out
+        parts = (self.files[:half], self.files[half:])
+        with ThreadPoolExecutor(2) as pool:
+            done = list(pool.map(lambda i: self._plain_loop(parts[i], Path(f"{out}-{i}")), range(2)))
+        got = [g for g, _ in done]
+        return {"work_s": max(g["t1"] for g in got) - min(g["t0"] for g in got),
+                "wall_s": max(w for _, w in done)}, out
 
     def segue(self, workers: int) -> tuple[dict[str, Any] | None, Path]:
         from segue.home import Home
@@ -461,7 +465,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.resume_sizes:
         resume_sizes = tuple(int(x) for x in a.resume_sizes.split(","))
     say = (lambda *x: None) if a.json else (lambda *x: print(*x, file=sys.stderr, flush=True))
-    notes: list[str] = [n for n in (pb.byte_compile_segue(),) if n]
+    notes = pb.byte_compile_segue()
     with tempfile.TemporaryDirectory(prefix="segue-bench-") as tmp:
         work = Path(tmp)
         pb.private_pool(work)  # never wait behind (or hold) other runs of this machine
@@ -552,8 +556,12 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
         got = [(nm, rate(nm, key)) for nm in names if rate(nm, key)]
         return max(got, key=lambda x: x[1]) if got else (None, None)
 
+    def over(x: float | None, y: float | None) -> float | None:
+        return x / y if x and y else None
+
     def ratio(x: float | None, y: float | None) -> float | None:
-        return round(x / y, 3) if x and y else None
+        q = over(x, y)
+        return None if q is None else round(q, 3)
 
     seg_name, seg = best(["segue_1w", "segue_2w"])
     beam_name, beam = best(["beam_1w", "beam_2w", "beam_prism"])
@@ -574,8 +582,8 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
         # The ceiling of that ratio on this machine, measured in the same run: two plain
         # loops at once against one; and how close segue's two workers come to it.
         "plain_2p_vs_plain": ratio(rate("plain_2p"), rate("plain")),
-        "scale_2_workers_vs_machine": ratio(ratio(rate("segue_2w"), rate("segue_1w")),
-                                            ratio(rate("plain_2p"), rate("plain"))),
+        "scale_2_workers_vs_machine": ratio(over(rate("segue_2w"), rate("segue_1w")),
+                                            over(rate("plain_2p"), rate("plain"))),
         "vs_beam": ratio(seg, beam),
         "vs_ray_data": ratio(seg, ray),
         "vs_plain_loop_wall": ratio(rate("segue_1w", "wall_s"), rate("plain", "wall_s")),

@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
     # Enough records that the step's work, not the start of its actors, is timed.
     records, tries = (3000, 1) if a.smoke else (3_000_000, 2) if a.quick else (6_000_000, 3)
     stall = a.ray_stall or (20.0 if a.smoke else 60.0)
-    notes = [n for n in (pb.byte_compile_segue(),) if n]
+    notes = pb.byte_compile_segue()
     want = {f"rank{r}": _expected(r, mb, k) for r in range(2)}
     times: dict[str, list[float]] = {"gang": [], "single": [], "dcp": [], "raw": []}
     dcp_skipped: str | None = None
