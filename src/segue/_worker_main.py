@@ -7,7 +7,8 @@ import this module again as ``__mp_main__``, and must not pay for the worker's
 imports (the checkpoint writer, NumPy) that they never use.
 
 ``--warm N`` (a data step with N fixed sub-workers) starts them before anything
-else, so that their start-up runs beside the worker's (segue.executor.local_warm).
+else: forked once their entry point is imported, while this process has one thread
+and no store open (segue.executor.local_warm).
 """
 
 if __name__ == "__main__":

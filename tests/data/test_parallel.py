@@ -105,7 +105,9 @@ FLOW = str(Path(__file__).parent / "flows" / "mapparallel.py")
 
 
 def _subworkers(pid: int) -> list[int]:
-    """Spawned sub-worker processes among the children of the step's worker process."""
+    """The sub-worker processes among the children of the step's worker process: all of
+    them but multiprocessing's resource tracker, which comes with spawned (cold) ones;
+    warmed ones are forked copies of the worker, with its command line."""
     import glob
 
     kids: list[int] = []
@@ -117,7 +119,7 @@ def _subworkers(pid: int) -> list[int]:
     out = []
     for k in kids:
         try:
-            if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes():
+            if b"resource_tracker" not in Path(f"/proc/{k}/cmdline").read_bytes():
                 out.append(k)
         except OSError:
             pass

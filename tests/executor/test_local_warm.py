@@ -131,3 +131,37 @@ def test_segue_run_warms_a_two_worker_steps_sub_workers(segue, tmp_path: Path) -
     assert log.count("was warmed with the attempt") == 2, log[-2000:]
     assert Counter(json.loads(x)["k"] for p in (tmp_path / "out").glob("part-*.jsonl")
                    for x in p.read_text().splitlines()) == Counter(range(400))
+
+
+_FORKED = '''
+import json, os, sys, threading
+from segue.executor import local_warm
+if sys.argv[1] == "thread":  # a process that already runs a thread must not fork
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, daemon=True).start()
+method = local_warm.warm(2)
+procs = {i: p for i, (p, _) in local_warm._members.items()}
+cmdlines = {i: open(f"/proc/{p.pid}/cmdline", "rb").read().split(b"\\\\0")[:2] for i, p in procs.items()}
+mine = open("/proc/self/cmdline", "rb").read().split(b"\\\\0")[:2]
+for i in sorted(local_warm._members):  # close each pipe by hand: the member must see EOF
+    local_warm._members.pop(i)[1].close()
+for p in procs.values():
+    p.join(120)
+print(json.dumps({"method": method, "exitcodes": [procs[i].exitcode for i in sorted(procs)],
+                  "same_cmdline": [cmdlines[i] == mine for i in sorted(procs)]}))
+if sys.argv[1] == "thread":
+    stop.set()
+'''
+
+
+@pytest.mark.parametrize(("threads", "method"), [("none", "fork"), ("thread", "spawn")])
+def test_members_are_forked_only_from_a_single_threaded_process(threads: str, method: str) -> None:
+    out = subprocess.run([sys.executable, "-c", _FORKED, threads], capture_output=True, text=True,
+                         timeout=180, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["method"] == method
+    # A forked member is this very program (no new interpreter); a spawned one is not.
+    assert got["same_cmdline"] == [method == "fork"] * 2
+    # Each returned on its pipe's EOF (exit 0), though the member forked after it holds
+    # copies of this process's ends: it closed them (None would mean it still waited).
+    assert got["exitcodes"] == [0, 0], got

@@ -122,8 +122,9 @@ class ConnectionPool(SubWorkerPool):
 class LocalProcessPool(ConnectionPool):
     """Sub-workers as local processes of the ``spawn`` context (the coordinator has threads: never fork).
 
-    A fixed map step's sub-workers were usually started already, by the worker
-    before its imports (segue.executor.local_warm): ``add`` takes those.
+    A fixed map step's sub-workers were usually started already, by the worker at
+    its start, forked while it had one thread (segue.executor.local_warm): ``add``
+    takes those.
     """
 
     def __init__(self, target: Callable[..., None] | None = None, noun: str = "sub-worker") -> None:

@@ -1,7 +1,7 @@
 """Run each attempt as a local child process (``python -m segue._worker_main``).
 
 A data step with a fixed number of sub-workers has them warmed: the worker starts
-them before its own imports (``--warm N``, segue.executor.local_warm).
+them first thing, before it reads the store (``--warm N``, segue.executor.local_warm).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class LocalProcessExecutor(Executor):
             "--epoch", str(spec.epoch), "--parent-pid", str(os.getpid()),
         ]
         warm = warm_members(spec)
-        if warm:  # started by the worker before its own imports (executor.local_warm)
+        if warm:  # started by the worker first thing (executor.local_warm)
             cmd += ["--warm", str(warm)]
         with open(spec.log_path, "ab") as log:
             # A new session: the terminal's Ctrl-C reaches the controller only,

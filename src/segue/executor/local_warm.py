@@ -1,14 +1,20 @@
-"""Warmed members of a local attempt: a data step's sub-workers, started before the worker imports.
+"""Warmed members of a local attempt: a data step's sub-workers, started with the worker.
 
 A data step with a fixed number of sub-workers (:func:`segue.executor.base.warm_members`)
 has them started by its worker process first thing (``segue._worker_main --warm N``),
-before the worker imports the engine and loads the flow, so their interpreters and
-imports run on the cores the worker's own start-up leaves idle instead of after it:
-on two cores this took ~0.25 s off a two-worker step's start. It is the local twin
-of the Ray executor's warmed sub-worker actors.
+before the worker reads the store, loads the flow or starts a thread.
 
-Each member is a ``spawn`` process, as a cold sub-worker is, that imports its entry
-point and then waits on its pipe for ``("start", index, recipe, devices)``;
+On Linux the worker imports the members' entry point and then *forks* them: a member
+starts with every module it needs already imported, at the cost of a fork, and no
+``multiprocessing`` resource tracker is started. A forked ``spawn`` member cost an
+interpreter start and ~0.2 s of imports per member, which on two cores ran beside the
+worker's own imports and delayed a two-worker step's first record by ~0.2 s against
+one worker's. Forking is safe only in a process with one thread and no open store
+connection, which is why it happens right here; a process that already runs threads
+(or a platform without ``fork``) gets ``spawn`` members, which import the entry point
+while the worker starts. It is the local twin of the Ray executor's warmed actors.
+
+Each member waits on its pipe for ``("start", index, recipe, devices)``;
 :class:`segue.data.pool.LocalProcessPool` takes them by index, once each
 (:func:`take`), and a member it never takes is stopped with the pool
 (:func:`release`) or dies with the worker (``PR_SET_PDEATHSIG``; the pipe's EOF).
@@ -25,27 +31,47 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
 # What a step's member process runs, by name: a child imports only the one it needs
 # (here, and executor.ray_member on Ray). Nothing else of segue is imported at the top
-# of this module: the worker imports it before anything, and so does each member.
+# of this module: the worker imports it before anything, and so does a spawned member.
 MEMBER_TARGETS = {"sub-worker": ("segue.data.subworker", "main"), "rank": ("segue.run.gang_rank", "main")}
 
 _members: dict[int, tuple[Any, Connection]] = {}
 
 
-def warm(n: int, kind: str = "sub-worker") -> None:
-    """Start ``n`` members of ``kind`` (indexes 0..n-1) for this process to take."""
-    mp = multiprocessing.get_context("spawn")  # the worker will have threads: never fork
+def warm(n: int, kind: str = "sub-worker") -> str:
+    """Start ``n`` members of ``kind`` (indexes 0..n-1) for this process to take; returns
+    the start method used ("fork" or "spawn")."""
+    method = start_method()
+    if method == "fork":
+        import importlib
+
+        importlib.import_module(MEMBER_TARGETS[kind][0])  # the members inherit it
+    mp = multiprocessing.get_context("fork") if method == "fork" else multiprocessing.get_context("spawn")
     for index in range(n):
         mine, theirs = mp.Pipe(duplex=True)
-        proc = mp.Process(target=_member, args=(theirs, os.getpid(), kind),
+        # A forked member inherits this process's end of its own pipe and of those of the
+        # members forked before it: it closes them, so that each member reads EOF when
+        # this process closes its end (or ends).
+        others = [mine, *(c for _, c in _members.values())] if method == "fork" else []
+        proc = mp.Process(target=_member, args=(theirs, os.getpid(), kind, others),
                           name=f"segue-{kind.replace('-', '')}-{index}", daemon=True)
         proc.start()
         theirs.close()  # so that the member's death reads as EOF here
         _members[index] = (proc, mine)
+    return method
+
+
+def start_method() -> str:
+    """"fork" where it is safe here (Linux, one thread), else "spawn"."""
+    import threading
+
+    ok = sys.platform.startswith("linux") and threading.active_count() == 1
+    return "fork" if ok and "fork" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def take(index: int, recipe: Any, devices: tuple[int, ...] | None) -> tuple[Any, Connection] | None:
@@ -82,9 +108,13 @@ def _end(proc: Any, conn: Connection) -> None:
         proc.join(2.0)
 
 
-def _member(conn: Connection, parent_pid: int, kind: str) -> None:
-    """A member process: import the entry point, wait for the recipe, run it."""
+def _member(conn: Connection, parent_pid: int, kind: str, others: list[Connection]) -> None:
+    """A member process: import the entry point (a forked one has it), wait for the
+    recipe, run it."""
     import importlib
+
+    for c in others:
+        c.close()
 
     # The worker ignores these until its handlers are installed, and an ignored
     # signal stays ignored across exec: a member gets the default a cold one has.
