@@ -141,8 +141,8 @@ if sys.argv[1] == "thread":  # a process that already runs a thread must not for
     threading.Thread(target=stop.wait, daemon=True).start()
 method = local_warm.warm(2)
 procs = {i: p for i, (p, _) in local_warm._members.items()}
-cmdlines = {i: open(f"/proc/{p.pid}/cmdline", "rb").read().split(b"\\\\0")[:2] for i, p in procs.items()}
-mine = open("/proc/self/cmdline", "rb").read().split(b"\\\\0")[:2]
+cmdlines = {i: open(f"/proc/{p.pid}/cmdline", "rb").read() for i, p in procs.items()}
+mine = open("/proc/self/cmdline", "rb").read()
 for i in sorted(local_warm._members):  # close each pipe by hand: the member must see EOF
     local_warm._members.pop(i)[1].close()
 for p in procs.values():

@@ -9,10 +9,11 @@ starts with every module it needs already imported, at the cost of a fork, and n
 ``multiprocessing`` resource tracker is started. A ``spawn`` member costs an
 interpreter start and ~0.2 s of imports, which on two cores ran beside the
 worker's own imports and put a two-worker step's first record ~0.1 s later than
-forked members do (0.51 s against 0.41 s after the task's start). Forking is safe only in a process with one thread and no open store
-connection, which is why it happens right here; a process that already runs threads
-(or a platform without ``fork``) gets ``spawn`` members, which import the entry point
-while the worker starts. It is the local twin of the Ray executor's warmed actors.
+forked members do (0.51 s against 0.41 s after the task's start). Forking is safe
+only in a process with one thread and no open store connection, which is why it
+happens right here; a process that already runs threads (or a platform without
+``fork``) gets ``spawn`` members, which import the entry point while the worker
+starts. It is the local twin of the Ray executor's warmed actors.
 
 Each member waits on its pipe for ``("start", index, recipe, devices)``;
 :class:`segue.data.pool.LocalProcessPool` takes them by index, once each
@@ -46,18 +47,19 @@ _members: dict[int, tuple[Any, Connection]] = {}
 def warm(n: int, kind: str = "sub-worker") -> str:
     """Start ``n`` members of ``kind`` (indexes 0..n-1) for this process to take; returns
     the start method used ("fork" or "spawn")."""
-    method = start_method()
-    if method == "fork":
-        import importlib
+    import importlib
 
+    method = start_method()
+    forked = method == "fork"
+    if forked:
         importlib.import_module(MEMBER_TARGETS[kind][0])  # the members inherit it
-    mp = multiprocessing.get_context("fork") if method == "fork" else multiprocessing.get_context("spawn")
+    mp: Any = multiprocessing.get_context(method)
     for index in range(n):
         mine, theirs = mp.Pipe(duplex=True)
         # A forked member inherits this process's end of its own pipe and of those of the
         # members forked before it: it closes them, so that each member reads EOF when
         # this process closes its end (or ends).
-        others = [mine, *(c for _, c in _members.values())] if method == "fork" else []
+        others = [mine, *(c for _, c in _members.values())] if forked else []
         proc = mp.Process(target=_member, args=(theirs, os.getpid(), kind, others),
                           name=f"segue-{kind.replace('-', '')}-{index}", daemon=True)
         proc.start()
