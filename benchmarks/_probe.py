@@ -19,8 +19,9 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-def wait_until(pred: Callable[[], T], timeout: float = 120.0, poll: float = 0.002,
+def wait_until(pred: Callable[[], T | None], timeout: float = 120.0, poll: float = 0.002,
                what: str = "benchmark condition") -> T:
+    """``pred()``'s first truthy value (so never None), polled every ``poll`` s."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         v = pred()

@@ -318,15 +318,17 @@ class RaySide:
     def node_loss(self, i: int) -> dict[str, Any]:
         """One try: lose the node of the step's first attempt once it committed."""
         from segue.home import Home
+        from segue.store import Store
 
         home, run_id, gate = self.work / f"loss-home-{i}", f"loss{i}", self.work / f"gate-{i}"
         n = 400
         run = SegueRun(self._segue(home, "run", str(LOSS_FLOW), "--run-id", run_id, "-p", f"n={n}",
                                    "-p", f"hold={gate}", *self._on_ray()),
                        self._env(), self.work / "cli" / f"loss-{i}")
-        store = None
+        store: Store | None = None
         try:
             def committed(epoch: int) -> Any:
+                assert store is not None  # opened before the first call
                 got = [c for c in store.list_checkpoints(run_id, LOSS_STEP) if c.epoch == epoch]
                 return min(got, key=lambda c: c.seq) if got else None
 

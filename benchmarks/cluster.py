@@ -114,6 +114,7 @@ def failover(work: Path, url: str, endpoint: str, n: int) -> dict[str, Any]:
         pb.wait_until(committed, 300, poll=0.05, what="a checkpoint on host a")
         r = store.get_run("fo")
         ttl = float(r.options.get("lease_ttl_s", 10.0))
+        assert r.controller_pid is not None  # its controller is up: the step committed
         t0 = time.monotonic()
         for pid in (agents["a"].pid, r.controller_pid):
             os.kill(pid, signal.SIGKILL)
@@ -205,8 +206,9 @@ def s3_checkpoints(work: Path, endpoint: str, mib: int, tries: int) -> dict[str,
     name, aws = bucket(endpoint)
     os.environ.update(aws)
     rng = np.random.default_rng(0)
-    state = {"w": rng.standard_normal(mib * 2**20 // 8 // 2), "m": rng.standard_normal(mib * 2**20 // 8 // 2),
-             "step": 7, "config": {"lr": 0.1, "name": "bench"}}
+    state: dict[str, Any] = {"w": rng.standard_normal(mib * 2**20 // 8 // 2),
+                             "m": rng.standard_normal(mib * 2**20 // 8 // 2),
+                             "step": 7, "config": {"lr": 0.1, "name": "bench"}}
     out: dict[str, list[float]] = {"local_save": [], "local_restore": [], "s3_save": [], "s3_restore": []}
     for i in range(tries):
         for side, url in (("local", str(work / f"ck{i}")), ("s3", f"s3://{name}/ck{i}")):

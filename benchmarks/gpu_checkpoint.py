@@ -74,20 +74,21 @@ def main(argv: list[str] | None = None) -> None:
 
         from segue.checkpoint.io import DEFAULT_WORKERS
 
-        from .checkpoint import raw_write as raw_write_floor
+        from ._floors import Layout
+        from ._floors import raw_write as raw_write_floor
 
         storage = LocalStorage(tmp / "segue")
         ck = Checkpointer(storage)
         blocks, totals, raws, torches = [], [], [], []
+        lay = Layout([t.numpy() for t in host.values()])  # the floor's files, laid out before the clock
         with ThreadPoolExecutor(DEFAULT_WORKERS) as iopool:  # the writer's thread count
             for i in range(3):
                 if i:
                     for v in state.values():
                         v.add_(1.0)  # new content, so nothing is deduplicated away
                     torch.cuda.synchronize()
-                arrs = [t.numpy() for t in host.values()]
                 t0 = time.perf_counter()
-                raw_write_floor(tmp / f"raw{i}", arrs, iopool)
+                raw_write_floor(tmp / f"raw{i}", lay, iopool)
                 raws.append(time.perf_counter() - t0)
                 shutil.rmtree(tmp / f"raw{i}")
                 t0 = time.perf_counter()
@@ -137,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if not a.json:
-        for k, v in out.items():
-            print(f"{k:>26}: {v}", file=sys.stderr)
+        for k, val in out.items():
+            print(f"{k:>26}: {val}", file=sys.stderr)
     print(json.dumps(out))
 
 

@@ -389,6 +389,7 @@ def pause_resume(bench: Bench, ref: tuple[Any, Any], tol: float) -> dict[str, An
         pb.wait_until(lambda: (probe / "held").exists() or run.poll() is not None, timeout=3600,
                       poll=0.01)
         if run.poll() is not None:
+            assert run.stderr is not None  # stderr=PIPE
             raise SystemExit(f"segue run ended before the middle text: {run.stderr.read()[-300:]}")
         t_pause = time.time()
         subprocess.run(cli + ["pause", run_id, "--wait"], check=True, capture_output=True,

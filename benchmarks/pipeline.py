@@ -381,6 +381,7 @@ def resume_at_90(n: int, work: Path, files: int) -> dict[str, Any]:
             store = Home.resolve(home).open_store()
             why = "; ".join(f"{e.kind} {e.to_state or ''} {e.reason}"
                             for e in store.list_events(run_id)[-4:])
+            assert run.stderr is not None  # stderr=PIPE
             raise RuntimeError(f"segue run ended ({store.get_run(run_id).state}) before record "
                                f"{hold_at}: {why} {run.stderr.read().strip()[-300:]}")
         subprocess.run(cli + ["pause", run_id, "--wait"], check=True, capture_output=True,
@@ -456,6 +457,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--resume-sizes", default=None, help="comma-separated record counts")
     a = ap.parse_args(argv)
+    resume_sizes: tuple[int, ...]
     if a.smoke:
         n, reps, resume_sizes = a.records or 3000, a.reps or 1, (3000,)
     elif a.quick:
@@ -486,8 +488,8 @@ def main(argv: list[str] | None = None) -> None:
                 "ray_1w": lambda: bench.peer("ray", 1),
                 "ray_2w": lambda: bench.peer("ray", 2),
             })
-            got, why = bench.peer("beam", 2, "prism")
-            if got is None:
+            prism, why = bench.peer("beam", 2, "prism")
+            if prism is None:
                 notes.append(f"beam prism runner: {why}; its DirectRunner is measured instead")
             else:
                 sides["beam_prism"] = lambda: bench.peer("beam", 2, "prism")
@@ -553,8 +555,12 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
         return n / min(x[key] for x in r) if r else None
 
     def best(names: list[str], key: str = "work_s") -> tuple[str | None, float | None]:
-        got = [(nm, rate(nm, key)) for nm in names if rate(nm, key)]
+        rates = [(nm, rate(nm, key)) for nm in names]
+        got = [(nm, q) for nm, q in rates if q]
         return max(got, key=lambda x: x[1]) if got else (None, None)
+
+    def rounded(x: float | None) -> int | None:
+        return round(x) if x else None
 
     def over(x: float | None, y: float | None) -> float | None:
         return x / y if x and y else None
@@ -573,8 +579,8 @@ def summarize(n: int, reps: int, runs: dict[str, list[dict[str, Any]]], resume: 
                             "every_run_matched": all(x["verified"] for r in runs.values() for x in r)},
         "records_per_s": round(seg) if seg else None,
         "records_per_s_config": seg_name,
-        **{f"{k}_records_per_s": (round(rate(k)) if rate(k) else None) for k in runs},
-        "plain_loop_records_per_s": round(rate("plain")) if rate("plain") else None,
+        **{f"{k}_records_per_s": rounded(rate(k)) for k in runs},
+        "plain_loop_records_per_s": rounded(rate("plain")),
         "beam_records_per_s": round(beam) if beam else None, "beam_config": beam_name,
         "ray_data_records_per_s": round(ray) if ray else None, "ray_data_config": ray_name,
         "vs_plain_loop": ratio(rate("segue_1w"), rate("plain")),

@@ -210,7 +210,9 @@ def _cursor_after(probe: Path, epoch: int) -> Callable[[], bool]:
     """True once attempt ``epoch`` restored and stepped past where it started."""
     def moved() -> bool:
         got = pb.started(probe, epoch)
-        return bool(got) and pb.cursor(probe) > got["from"] + 5
+        if not got:
+            return False
+        return pb.cursor(probe) > got["from"] + 5
     return moved
 
 
@@ -218,7 +220,8 @@ def pause_tries(srv: Server, run: str, probe: Path, tries: int) -> dict[str, lis
     out: dict[str, list[float]] = {"api": [], "cli": [], "cli_inner": []}
     with httpx.Client(base_url=srv.url, headers=srv.headers, timeout=180) as c:
         for i in range(2 * tries):
-            _, epoch, _ = pb.wait_until(lambda: (p := _progress(c, run))[0] == "RUNNING" and p, 180, 0.05)
+            _, epoch, _ = pb.wait_until(
+                lambda: p if (p := _progress(c, run))[0] == "RUNNING" else None, 180, 0.05)
             pb.wait_until(_cursor_after(probe, epoch), 180)
             if (i + i // 2) % 2 == 0:  # api, cli, cli, api, api, cli...: neither side always first
                 t0 = time.perf_counter()

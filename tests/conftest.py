@@ -33,6 +33,21 @@ LONG_FIRST = ("test_agent_failover.py", "test_cluster_pool.py", "test_kill_campa
               "test_accounting.py", "test_faults.py", "test_ui_browser.py")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Byte-compile segue once, before any test starts a process (only in xdist's
+    controller, or a run without it). An editable install has no bytecode, and where
+    $PYTHONDONTWRITEBYTECODE is set (CI, this project's machines) none is ever written:
+    each of the suite's thousands of segue processes compiled its imports again."""
+    if not hasattr(config, "workerinput"):
+        import compileall
+
+        import segue
+
+        root = Path(segue.__file__).parent
+        if os.access(root, os.W_OK):
+            compileall.compile_dir(str(root), quiet=1)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONG_FIRST)}
     items.sort(key=lambda it: rank.get(it.path.name, len(LONG_FIRST)))  # stable: the rest keep their order

@@ -116,3 +116,17 @@ def test_scale_smoke_measures_the_ray_figures_or_says_why() -> None:
     if got["ray_workers_s"] is not None:  # Ray ran: every output was checked first
         assert got["ray_output_verified"]["every_run_matched"] is True
         assert set(got["ray_workers_s"]) == set(got["local_workers_s"]) == {"1", "2", "4"}
+
+
+def test_benchmarks_type_check() -> None:
+    """benchmarks.gpu_checkpoint runs only on a GPU: without one its smoke run skips
+    before it calls anything, so it cannot catch an API change (it once passed a list
+    where ``_floors.raw_write`` takes a ``Layout``, unnoticed). The type check does, for
+    every benchmark, GPU or not. segue ships no py.typed, so this run takes segue's own
+    API as Any; ``make lint``'s mypy (files: src/segue and benchmarks) checks that too."""
+    pytest.importorskip("mypy")
+    cmd = [sys.executable, "-m", "mypy", "--ignore-missing-imports", "--no-incremental",
+           f"--cache-dir={os.devnull}", str(ROOT / "benchmarks")]  # no cache written
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, \
+        f"mypy benchmarks exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from segue.checkpoint import (
     FORMAT,
     VERSION,
     CheckpointStorage,
+    LocalStorage,
     Manifest,
     latest_valid,
     list_dir_checkpoints,
@@ -120,6 +122,21 @@ def test_newer_format_version_asks_to_upgrade(storage: CheckpointStorage) -> Non
 def test_manifest_json_roundtrip(storage: CheckpointStorage) -> None:
     m = read_manifest(storage, saved(storage))
     assert Manifest.from_json(m.to_json()) == m
+
+
+def test_manifest_checksum_is_the_compact_json_of_every_other_field(tmp_path: Path) -> None:
+    """The checksum's definition (docs/checkpoint-format.md), computed here independently
+    of the writer, which encodes each field once: non-ASCII text, nesting, key order."""
+    storage = LocalStorage(tmp_path)
+    state = {"zé": [1.5, {"b": None, "a": "naïve ✓"}], "w": np.arange(3.0)}
+    res = save(storage, "c", state, meta={"note": "Straße", "n": 2}, tags=("ü",))
+    text = storage.read_bytes("c/MANIFEST.json").decode()
+    body = json.loads(text)
+    stored = body.pop("checksum")
+    assert stored == xxhash.xxh3_128_hexdigest(
+        json.dumps(body, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode())
+    assert list(body)[-1] == "tags" and "naïve ✓" in text  # written as UTF-8, not escaped
+    assert Manifest.from_json(text) == res.manifest
 
 
 def corrupt(storage: CheckpointStorage, rel: str, how: str, pos: int = 0) -> None:
