@@ -127,6 +127,7 @@ def test_a_flow_runs_unchanged_on_ray_and_ends_as_it_does_locally(
     assert segue.status("r")["state"] == "SUCCEEDED"
 
 
+@pytest.mark.timeout(900)  # REPS node losses, each wait bounded on its own; 300 s ran out on a loaded box
 def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
         segue: Segue, cluster: Any, counter_ref: Any, tmp_path: Path) -> None:
     """REPS times, at a random checkpoint of the attempt, its node is removed at once."""
@@ -206,6 +207,7 @@ def test_node_loss_of_a_data_step_and_of_its_sub_worker_keep_the_output_exactly_
     assert "sub-worker" in fails[1] and "Ray actor" in fails[1], fails
 
 
+@pytest.mark.timeout(900)  # five interruptions of a two-node gang, each wait bounded on its own
 def test_ddp_gang_on_two_nodes_survives_node_loss_rank_kills_and_a_pause_bit_identical(
         segue: Segue, cluster: Any, tmp_path: Path) -> None:
     """Two gloo ranks on two nodes (one CPU each), with shuffling and dropout: a rank's node
