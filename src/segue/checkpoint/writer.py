@@ -323,8 +323,13 @@ def _write_checkpoint(
         # blobs are fsynced, when the CPU waits for the device. Built on the hashing
         # chain, as it was, it ran beside the last blobs' page-cache copies, which on two
         # cores need the CPU; the end-to-end gain is within this VM's noise (README).
-        manifest_job = JobGroup(pool).submit(build)
-        _commit(storage, writers, pool)
+        building = JobGroup(pool)
+        manifest_job = building.submit(build)
+        try:
+            _commit(storage, writers, pool)
+        except BaseException:
+            building.settle()  # no job outlives a failed save (jobs.JobGroup)
+            raise
         fault_point("checkpoint.blob_written")
         manifest, manifest_json = manifest_job.result()
         try:
