@@ -4,25 +4,43 @@ and what segue's Ray executor costs and recovers, against local processes and Ra
     python -m benchmarks.scale --quick --json
     python -m benchmarks.scale --smoke --json        # tiny sizes, one try each: checks it runs (CI)
 
-Every side saves the same bytes K times, through its real engine. The sides:
+Every side saves the same state K times (15; ``--smoke`` 2), through its real engine.
+The state (benchmarks/flows/gang_state.py) is shaped as a model's: per rank, 64 MiB in
+8 large float32 arrays and 1,000 small ones of 1 KiB (``--smoke``: 1 MiB, 2 and 10),
+as a state dict holds a few large weights and many small ones. The same figures for
+one 64 MiB tensor per rank, which only the disk bounds, are printed under
+``one_tensor``. The sides:
 
 - segue's gang step (`segue run`, world_size=2). Each checkpoint is two shards written
   by two rank processes, two votes, the gang manifest and the store record.
-- One segue step writing both ranks' bytes in one state (`durable=True`).
-- `torch.distributed.checkpoint.save`: two gloo ranks, each saving its own tensor, fsynced.
-- The disk floor: the same bytes in one file per rank, written as benchmarks.checkpoint's
-  floor writes them (the gang's two writers' threads, writeback started per file,
-  fsynced). ``dcp_vs_disk`` is DCP's speed against it, and ``vs_dcp_at_disk_floor``
-  the most ``vs_dcp`` a side writing at the floor could reach on this disk.
+- One segue step writing both ranks' arrays in one state (`durable=True`).
+- `torch.distributed.checkpoint.save`: two gloo ranks, each saving its own arrays,
+  fsynced, configured for speed (benchmarks/_dcp_save.py says how; the JSON's
+  ``dcp_options`` what it got).
+- The disk floor: the same bytes laid out as segue lays them out (each large array a
+  file, the small ones packed in one), written as benchmarks.checkpoint's floor writes
+  them (the threads of both gang writers, writeback started per file, fsynced).
+  ``dcp_vs_disk`` is DCP's speed against it, and ``vs_dcp_at_disk_floor`` the most
+  ``vs_dcp`` a side writing at the floor could reach on this disk.
 
-A save is timed from its call until it is committed, after an ``os.sync()`` on every
-side; the two gang sides (segue's, DCP's) time rank 0 from a point where both ranks
-met (a collective round of the gang, DCP's ``dist.barrier()``). Each side gets the same number of saves: K per round, in rounds (3; ``--smoke`` 1)
-whose order of sides rotates, and each figure is the best of all of a side's saves, as
-in benchmarks.checkpoint (medians are printed beside them): this VM's disk has slow
-periods that last seconds and hit one side's block of saves but not the next, which
-moved a ratio of medians from 0.6 to 2.7 between runs of the same code. Every array changes exactly before every save, so no side can skip a write. The final states of every side are read
-back and checked equal before a ratio is printed.
+Save i of every side is taken in turn, the order of the sides rotating with i
+(Conductor): a side saves only while every other side waits, asleep, with its next
+arrays ready. So the saves of one i fall within a second or so of each other, and
+this VM's disk, whose slow periods last seconds, treats them alike. Each ratio is the
+median over i of the ratio of save i of two sides (its quartiles, and the ratio of
+the sides' best saves, are printed beside it); ratios of each side's best or median,
+taken over saves minutes apart, moved from 0.6 to 2.7 between runs of the same code.
+Before every timed save, everything is flushed and what earlier saves wrote is
+dropped from the page cache: this VM's memory is backed by the host only once
+touched, and freed memory is handed back to it, so a write into pages the guest had
+not touched (the page cache of a side that keeps its saves, as DCP's does) ran 2-6x
+slower in the kernel than one into pages freed just before. A save is timed from its
+call until it is committed; the two gang sides (segue's, DCP's) time rank 0 from a
+point where both ranks met (a collective round of the gang, DCP's
+``dist.barrier()``). Every array changes exactly before every save, and no two
+arrays ever hold the same bytes, so no side can skip a write (a segue side whose
+last two saves share a blob stops the benchmark). The final states of every side are
+read back and checked equal before a ratio is printed.
 
 Then the Ray figures of issue 12 (benchmarks/_ray_side.py, in a process and session of
 its own), on a local ``ray.cluster_utils`` cluster: a head with num_cpus=0 and worker
@@ -56,9 +74,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import importlib.util
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -74,9 +94,14 @@ from typing import Any
 
 import numpy as np
 
+from segue.checkpoint.io import DEFAULT_WORKERS
+
 from . import _probe as pb
+from ._floors import Layout, drop_tree, raw_write
+from .flows.gang_state import rank_state
 
 FLOW = Path(__file__).parent / "flows" / "gang_flow.py"
+Shape = tuple[int, int, int]  # a rank's state: MiB in its large arrays, how many large, how many small
 DCP = Path(__file__).parent / "_dcp_save.py"
 ROOT = Path(__file__).resolve().parent.parent
 # Ray's node health checks on the benchmark's cluster: a lost node is declared dead
@@ -94,81 +119,268 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _expected(rank: int, mb: int, k: int) -> np.ndarray:
-    """Every side's final state: gang_flow.initial, then k exact float32 increments."""
-    n = mb * 2**20 // 4
-    return (np.arange(n, dtype=np.int64) % 2**20 + rank * 2**20 + k).astype(np.float32)
+def _state(shape: Shape, k: int) -> dict[str, np.ndarray]:
+    """Both ranks' arrays after k saves (every side's final state is checked against it)."""
+    return {**rank_state(0, *shape, k), **rank_state(1, *shape, k)}
 
 
-def segue_side(tmp: Path, ranks: int, mb: int, k: int) -> tuple[list[float], dict[str, np.ndarray]]:
-    """`segue run` of the flow with $BENCH_RANKS ranks; the per-save times and the final
-    state read back from the last committed checkpoint (every rank's shard)."""
+# The sides of the checkpoint figures, and how many ranks of each take part in a save.
+SIDE_RANKS = {"gang": 2, "single": 1, "dcp": 2}
+
+
+def _spawn(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with log.open("wb") as f:  # the child keeps its own descriptor
+        return subprocess.Popen(cmd, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _tail(log: Path) -> str:
+    """The end of a side's log (its directory is removed once the figures are taken)."""
+    return log.read_text(errors="replace")[-2000:]
+
+
+def start_segue(tmp: Path, gate: Path, side: str, shape: Shape, saves: int) -> subprocess.Popen[bytes]:
+    """`segue run` of the flow with ``SIDE_RANKS[side]`` ranks, its saves conducted through ``gate``."""
+    env = {**os.environ, "SEGUE_HOME": str(tmp / side), "SEGUE_POOL": str(tmp / f"pool-{side}.db"),
+           "BENCH_RANKS": str(SIDE_RANKS[side])}
+    return _spawn([sys.executable, "-m", "segue", "run", str(FLOW), "--run-id", "b", "-p", f"mb={shape[0]}",
+                   "-p", f"large={shape[1]}", "-p", f"small={shape[2]}", "-p", f"k={saves}", "-p", f"gate={gate}", "-p", f"side={side}"], tmp / f"{side}.log", env)
+
+
+def segue_state(tmp: Path, side: str) -> dict[str, np.ndarray]:
+    """The final state of a segue side, read back from its last committed checkpoint
+    (every rank's shard); SystemExit if its last two saves share a blob (an array that
+    did not change is not written again: the sides would not do the same work)."""
     from segue import checkpoint as ckpt
     from segue.home import Home
 
-    home, probe = tmp / f"home{ranks}", tmp / f"probe{ranks}"
-    probe.mkdir()
-    env = {**os.environ, "SEGUE_HOME": str(home), "SEGUE_POOL": str(tmp / f"pool{ranks}.db"),
-           "BENCH_RANKS": str(ranks)}
-    proc = subprocess.run([sys.executable, "-m", "segue", "run", str(FLOW), "--run-id", "b", "-p", f"mb={mb}",
-                           "-p", f"k={k}", "-p", f"probe={probe}"], env=env, capture_output=True, text=True,
-                          timeout=600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"segue run ({ranks} ranks) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
-    times = json.loads((probe / "times.json").read_text())
-    h = Home.resolve(home)
+    h = Home.resolve(tmp / side)
     store = h.open_store()
-    storage = h.run_storage(store.get_run("b"))
-    last = store.list_checkpoints("b", "save")[0]
-    state: dict[str, np.ndarray] = {}
-    if ranks == 1:
-        state.update(ckpt.load(storage, last.path).state["state"])
-    else:
-        for r in ckpt.load(storage, last.path).state["state"]["gang"]["ranks"]:
-            state.update(ckpt.load(storage, r["path"]).state["state"])
-    store.close()
-    return times, state
-
-
-def dcp_side(tmp: Path, mb: int, k: int) -> tuple[list[float], dict[str, np.ndarray]] | str:
     try:
-        import torch
-        import torch.distributed.checkpoint as dcp
-    except ImportError:
+        storage = h.run_storage(store.get_run("b"))
+        last, before = (c.path for c in store.list_checkpoints("b", "save")[:2])
+
+        def shards(path: str) -> list[str]:
+            if SIDE_RANKS[side] == 1:
+                return [path]
+            return [r["path"] for r in ckpt.load(storage, path).state["state"]["gang"]["ranks"]]
+
+        def blobs(path: str) -> set[str]:
+            return {name for shard in shards(path) for name in ckpt.read_manifest(storage, shard).files}
+
+        shared = blobs(last) & blobs(before)
+        if shared:
+            raise SystemExit(f"{side}'s last two saves share {len(shared)} blob(s): an array did not "
+                             "change between saves, so segue did less work than DCP; no ratio is printed")
+        state: dict[str, np.ndarray] = {}
+        for shard in shards(last):
+            state.update(ckpt.load(storage, shard).state["state"])
+        return state
+    finally:
+        store.close()
+
+
+def start_dcp(tmp: Path, gate: Path, shape: Shape, saves: int) -> subprocess.Popen[bytes] | str:
+    """torch.distributed.checkpoint's side, or why there is none."""
+    if importlib.util.find_spec("torch") is None:
         return "torch is not installed"
-    out = tmp / "dcp"
-    proc = subprocess.run([sys.executable, str(DCP), str(_free_port()), str(mb), str(k), str(out)],
-                          capture_output=True, text=True, timeout=600)
-    if proc.returncode != 0:
-        return f"torch.distributed.checkpoint failed: {proc.stderr[-500:]}"
-    n = mb * 2**20 // 4
-    back = {f"rank{r}": torch.zeros(n, dtype=torch.float32) for r in range(2)}
+    return _spawn([sys.executable, str(DCP), str(_free_port()), *map(str, shape), str(saves), str(tmp / "dcp"),
+                   str(gate)], tmp / "dcp.log")
+
+
+def dcp_state(tmp: Path, shape: Shape, saves: int) -> dict[str, np.ndarray]:
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    back = {key: torch.zeros(a.shape, dtype=torch.float32) for key, a in _state(shape, 0).items()}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(back, checkpoint_id=str(out / f"save-{k - 1}"))
-    return json.loads((out / "times.json").read_text()), {key: t.numpy() for key, t in back.items()}
+        dcp.load(back, checkpoint_id=str(tmp / "dcp" / f"save-{saves - 1}"))
+    return {key: t.numpy() for key, t in back.items()}
 
 
-def disk_floor(tmp: Path, mb: int, k: int) -> list[float]:
-    """The same bytes as one save of the gang, one file per rank, written as
-    benchmarks.checkpoint's floor writes them (each file's writeback started once
-    written, fsynced in parallel), by as many threads as the gang's two writers
-    together (each rank writes its shard with segue's thread count)."""
-    from segue.checkpoint.io import DEFAULT_WORKERS
+def settle(tmp: Path) -> None:
+    """Every side starts each timed save on a settled disk and with the same warm memory:
+    everything flushed, and what earlier saves of every side wrote dropped from the page
+    cache (benchmarks._floors.drop_tree says why; never a store's files)."""
+    os.sync()
+    for data in ("gang/data", "single/data", "dcp"):
+        drop_tree(tmp / data)
 
-    from ._floors import Layout, raw_write
 
-    state = [_expected(r, mb, 0) for r in range(2)]
-    times = []
-    with ThreadPoolExecutor(2 * DEFAULT_WORKERS) as pool:
-        for i in range(k):
-            for a in state:
-                a += 1.0
-            os.sync()
-            t0 = time.perf_counter()
-            raw_write(tmp / f"raw-{i}", Layout(state), pool)
-            times.append(time.perf_counter() - t0)
-    return times
+class Conductor:
+    """Runs every side's saves in turn, one save at a time on the whole machine.
+
+    A side's rank says ``ready-SIDE-RANK-i`` (its arrays changed for save i) on the
+    ``inbox`` FIFO, then blocks reading its own FIFO ``go-SIDE-RANK-i``; rank 0 says
+    ``done-SIDE-i=SECONDS`` once the save is committed (benchmarks/flows/gang_flow.py
+    has the sides' half). The conductor lets a side go only once every side is ready,
+    and the next only once this one is done and ready again. Nothing polls: a waiting
+    side or conductor sleeps in a read, so no side's save shares the CPU with the
+    others' waiting. Save i of every side falls within a second or so: the disk's
+    slow periods, which last seconds, hit the sides of one save alike, and each
+    save's pair gives a ratio."""
+
+    def __init__(self, gate: Path, procs: dict[str, subprocess.Popen[bytes]], saves: int,
+                 timeout: float = 600.0) -> None:
+        self.gate, self.procs, self.timeout = gate, procs, timeout
+        for side in procs:
+            for rank in range(SIDE_RANKS[side]):
+                for i in range(saves + 1):  # the last: leave, once every save is timed
+                    os.mkfifo(gate / f"go-{side}-{rank}-{i}")
+        self.said: dict[str, str] = {}
+        self._buf = b""
+
+    def __enter__(self) -> Conductor:
+        os.mkfifo(self.gate / "inbox")
+        # Read and write: the FIFO never reads as closed between two sides' messages.
+        self._fd = os.open(self.gate / "inbox", os.O_RDWR)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    def _check(self, waiting_for: str, deadline: float) -> None:
+        for side, p in self.procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"the {side} side exited ({p.returncode}) before {waiting_for}:\n"
+                                   + _tail(self.gate.parent / f"{side}.log"))
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no {waiting_for} within {self.timeout:g}s")
+
+    def wait(self, name: str) -> str:
+        deadline = time.monotonic() + self.timeout
+        while name not in self.said:
+            self._check(name, deadline)
+            if select.select([self._fd], [], [], 1.0)[0]:
+                self._buf += os.read(self._fd, 65536)
+                *lines, self._buf = self._buf.split(b"\n")
+                for line in lines:
+                    key, _, value = line.decode().partition("=")
+                    self.said[key] = value
+        return self.said[name]
+
+    def ready(self, side: str, i: int) -> None:
+        for rank in range(SIDE_RANKS[side]):
+            self.wait(f"ready-{side}-{rank}-{i}")
+
+    def go(self, side: str, i: int) -> None:
+        deadline = time.monotonic() + self.timeout
+        for rank in range(SIDE_RANKS[side]):
+            while True:
+                try:  # the rank said it is ready: its read end opens at once
+                    fd = os.open(self.gate / f"go-{side}-{rank}-{i}", os.O_WRONLY | os.O_NONBLOCK)
+                    break
+                except OSError as e:
+                    if e.errno != errno.ENXIO:
+                        raise
+                    self._check(f"go-{side}-{rank}-{i} opened", deadline)
+                    time.sleep(0.001)
+            os.write(fd, b"g")
+            os.close(fd)
+
+    def save(self, side: str, i: int) -> float:
+        settle(self.gate.parent)
+        self.go(side, i)
+        t = float(self.wait(f"done-{side}-{i}"))
+        self.ready(side, i + 1)  # its next arrays changed: nothing of it runs from here on
+        return t
+
+
+def paired_saves(tmp: Path, shape: Shape, saves: int) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """Every side's save times, save i of each side taken in turn (the order of the
+    sides rotating with i), and the final states checked equal to the expected. Also
+    what DCP's side used (``dcp_options``), or why it was skipped (``dcp_skipped``)."""
+    gate = tmp / "gate"
+    gate.mkdir()
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    said: dict[str, str] = {}
+    try:
+        dcp = start_dcp(tmp, gate, shape, saves)
+        if isinstance(dcp, str):
+            said["dcp_skipped"] = dcp
+        else:
+            procs["dcp"] = dcp
+        for side in ("gang", "single"):
+            procs[side] = start_segue(tmp, gate, side, shape, saves)
+        with Conductor(gate, procs, saves) as run:
+            for side in procs:
+                run.ready(side, 0)
+            raw_state = list(_state(shape, 0).values())
+            times: dict[str, list[float]] = {side: [] for side in ("gang", "single", "dcp", "raw")
+                                             if side in procs or side == "raw"}
+            order = list(times)
+            # The floor: as benchmarks.checkpoint's, with the threads of both gang ranks' writers.
+            with ThreadPoolExecutor(2 * DEFAULT_WORKERS) as pool:
+                for i in range(saves):
+                    for a in raw_state:
+                        a += 1.0
+                    lay = Layout(raw_state)
+                    for side in order[i % len(order):] + order[: i % len(order)]:
+                        if side != "raw":
+                            times[side].append(run.save(side, i))
+                            continue
+                        settle(tmp)
+                        t0 = time.perf_counter()
+                        raw_write(tmp / "raw", lay, pool)
+                        times["raw"].append(time.perf_counter() - t0)
+                        shutil.rmtree(tmp / "raw")
+            for side in procs:
+                run.go(side, saves)
+        for side, p in procs.items():
+            if p.wait(timeout=600) != 0:
+                raise RuntimeError(f"the {side} side failed (exit {p.returncode}):\n" + _tail(tmp / f"{side}.log"))
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    want = _state(shape, saves)
+    for side in procs:
+        got = dcp_state(tmp, shape, saves) if side == "dcp" else segue_state(tmp, side)
+        if got.keys() != want.keys() or not all(np.array_equal(got[key], w) for key, w in want.items()):
+            raise SystemExit(f"the final state of {side} differs from the expected: no ratio is printed")
+    if "dcp" in procs:
+        said["dcp_options"] = (tmp / "dcp" / "options.txt").read_text()
+    return times, said
+
+
+def checkpoint_figures(tmp: Path, shape: Shape, saves: int) -> dict[str, Any]:
+    """The checkpoint figures of one state shape (its files removed after)."""
+    tmp.mkdir()
+    try:
+        times, said = paired_saves(tmp, shape, saves)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # before the next part: the disk to itself
+    mb, large, small = shape
+    out: dict[str, Any] = {
+        "state": {"ranks": 2, "mib_per_rank": mb, "large_per_rank": large, "small_per_rank": small,
+                  "bytes_per_save": sum(a.nbytes for a in _state(shape, 0).values())},
+        "saves_per_side": saves,
+        **{("raw_write_s" if side == "raw" else f"{side}_save_s"): round(min(t), 4) for side, t in times.items()},
+        "median_save_s": {side: round(statistics.median(t), 4) for side, t in times.items()},
+        "states_equal": True,  # every side's final state was checked by paired_saves; a mismatch exits
+        "samples": {side: [round(x, 4) for x in t] for side, t in times.items()},
+    }
+    # Each ratio is the median over i of the ratio of save i of two sides, taken within
+    # a second or so of each other (Conductor); its quartiles, and the ratio of the two
+    # sides' best saves, are printed beside it.
+    ratios = {"gang_ckpt_vs_single": ("gang", "single"), "gang_vs_disk": ("raw", "gang"),
+              "vs_dcp": ("dcp", "gang"), "dcp_vs_disk": ("raw", "dcp"), "vs_dcp_at_disk_floor": ("dcp", "raw")}
+    out["ratio_quartiles"], out["best_of"] = {}, {}
+    for key, (num, den) in ratios.items():
+        if num not in times or den not in times:
+            out[key] = None
+            continue
+        paired = [x / y for x, y in zip(times[num], times[den], strict=True)]
+        out[key] = round(statistics.median(paired), 3)
+        if len(paired) > 1:
+            out["ratio_quartiles"][key] = [round(x, 3) for x in statistics.quantiles(paired, n=4, method="inclusive")]
+        out["best_of"][key] = round(min(times[num]) / min(times[den]), 3)
+    if "dcp_skipped" in said:
+        out["dcp_save_s"] = None
+    out.update(said)
+    return out
 
 
 def ray_side(tmp: Path, records: int, tries: int, node_cpus: int, stall_s: float,
@@ -214,70 +426,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ray-stall", type=float, default=None,
                     help="seconds without progress after which a run on Ray counts as stuck")
     a = ap.parse_args(argv)
-    mb, k = (1, 2) if a.smoke else (64, 5) if a.quick else (256, 8)
-    # This VM's disk has stalls that last seconds: every side saves k times per round, in
-    # a rotated order, and the figure is the median of all its saves over the rounds.
-    rounds = 1 if a.smoke else 3
+    # The model-shaped state (the goals'), and one tensor per rank (disk-bound: printed beside).
+    model, one = ((1, 2, 10), (1, 1, 0)) if a.smoke else ((64, 8, 1000), (64, 1, 0)) if a.quick \
+        else ((256, 16, 2000), (256, 1, 0))
+    saves = 2 if a.smoke else 15 if a.quick else 24
     # Enough records that the step's work, not the start of its actors, is timed.
     records, tries = (3000, 1) if a.smoke else (3_000_000, 2) if a.quick else (6_000_000, 3)
     stall = a.ray_stall or (20.0 if a.smoke else 60.0)
     notes = pb.byte_compile_segue()
-    want = {f"rank{r}": _expected(r, mb, k) for r in range(2)}
-    times: dict[str, list[float]] = {"gang": [], "single": [], "dcp": [], "raw": []}
-    dcp_skipped: str | None = None
     tmp = Path(tempfile.mkdtemp(prefix="segue-scale-"))
     try:
-        for rnd in range(rounds):
-            order = ["gang", "single", "dcp", "raw"]
-            order = order[rnd % 4:] + order[: rnd % 4]
-            for side in order:
-                work = tmp / f"{side}{rnd}"
-                work.mkdir()
-                got: tuple[list[float], dict[str, np.ndarray]] | str | None = None
-                if side == "raw":
-                    times["raw"] += disk_floor(work, mb, k)
-                elif side == "dcp":
-                    got = dcp_side(work, mb, k)
-                else:
-                    got = segue_side(work, 2 if side == "gang" else 1, mb, k)
-                if isinstance(got, str):
-                    dcp_skipped = got
-                elif got is not None:
-                    times[side] += got[0]
-                    if got[1].keys() != want.keys() or not all(
-                            np.array_equal(got[1][key], w) for key, w in want.items()):
-                        raise SystemExit(f"the final state of {side} (round {rnd}) differs from the "
-                                         "expected: no ratio is printed")
-                shutil.rmtree(work, ignore_errors=True)
+        out = checkpoint_figures(tmp / "model", model, saves)
+        out["one_tensor"] = checkpoint_figures(tmp / "one", one, saves)
         ray = ray_side(tmp, records, tries, a.ray_node_cpus, stall, 180.0 if a.smoke else 900.0)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    gang_t, single_t, raw_t = times["gang"], times["single"], times["raw"]
-    med = statistics.median
-    gang, single, raw = min(gang_t), min(single_t), min(raw_t)
-    out: dict[str, Any] = {
-        "bytes_per_save": 2 * mb * 2**20,
-        "saves_per_side": k * rounds,
-        "rounds": rounds,
-        "gang_save_s": round(gang, 4),
-        "single_save_s": round(single, 4),
-        "raw_write_s": round(raw, 4),
-        "median_save_s": {side: round(med(t), 4) for side, t in times.items() if t},
-        "gang_ckpt_vs_single": round(gang / single, 3),
-        "gang_vs_disk": round(raw / gang, 3),
-        "states_equal": True,  # every round's states were checked above; a mismatch exits
-        "samples": {"gang": [round(x, 4) for x in gang_t], "single": [round(x, 4) for x in single_t],
-                    "raw": [round(x, 4) for x in raw_t]},
-    }
-    if dcp_skipped is not None:
-        out.update({"dcp_save_s": None, "vs_dcp": None, "dcp_vs_disk": None, "vs_dcp_at_disk_floor": None,
-                    "dcp_skipped": dcp_skipped})
-    else:
-        dcp_s = min(times["dcp"])
-        # dcp_vs_disk bounds vs_dcp: a side at the disk floor gets vs_dcp = 1 / dcp_vs_disk.
-        out.update({"dcp_save_s": round(dcp_s, 4), "vs_dcp": round(dcp_s / gang, 3),
-                    "dcp_vs_disk": round(raw / dcp_s, 3), "vs_dcp_at_disk_floor": round(dcp_s / raw, 3)})
-        out["samples"]["dcp"] = [round(x, 4) for x in times["dcp"]]
     not_measured: dict[str, str] = {}
     if isinstance(ray, str):
         out.update({key: None for key in RAY_KEYS})

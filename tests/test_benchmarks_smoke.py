@@ -36,7 +36,7 @@ EXPECTED: dict[str, set[str]] = {
                 "pg_vs_sqlite_1_writers", "pg_vs_sqlite_16_writers", "fsync_per_s", "s3_vs_local_save",
                 "s3_vs_local_restore", "goals"},
     "scale": {"gang_ckpt_vs_single", "gang_vs_disk", "vs_dcp", "gang_save_s", "single_save_s",
-              "raw_write_s", "states_equal", "not_measured", "goals", "efficiency_2_workers", "vs_ray_data",
+              "raw_write_s", "states_equal", "best_of", "one_tensor", "not_measured", "goals", "efficiency_2_workers", "vs_ray_data",
               "node_loss_recovery_s", "ray_node_death_detection_s", "ray_workers_s", "local_workers_s",
               "ray_data_2w_s", "ray_cluster"},
     "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",
@@ -116,6 +116,37 @@ def test_scale_smoke_measures_the_ray_figures_or_says_why() -> None:
     if got["ray_workers_s"] is not None:  # Ray ran: every output was checked first
         assert got["ray_output_verified"]["every_run_matched"] is True
         assert set(got["ray_workers_s"]) == set(got["local_workers_s"]) == {"1", "2", "4"}
+
+
+def test_scale_smoke_pairs_its_saves_and_prints_both_states() -> None:
+    got = run_smoke("scale")
+    for figures in (got, got["one_tensor"]):
+        assert figures["states_equal"] is True
+        n = figures["saves_per_side"]
+        assert {len(t) for t in figures["samples"].values()} == {n}  # every side the same saves
+        for key in ("gang_ckpt_vs_single", "gang_vs_disk"):
+            assert figures[key] is not None and key in figures["best_of"]
+    assert got["state"]["small_per_rank"] > 0 and got["one_tensor"]["state"]["large_per_rank"] == 1
+
+
+def test_gang_states_never_repeat_an_array() -> None:
+    """benchmarks.scale's sides save the same state; segue does not write again an array
+    whose bytes it stored already, DCP does. So no array may hold the bytes of another,
+    at this save or the next, or the sides would not do the same work."""
+    sys.path.insert(0, str(ROOT / "benchmarks" / "flows"))
+    try:
+        from gang_state import rank_state
+    finally:
+        sys.path.pop(0)
+    seen: dict[bytes, str] = {}
+    for k in range(3):
+        for rank in range(2):
+            state = rank_state(rank, 1, 4, 50, k)
+            assert len(state) == 54
+            for key, a in state.items():
+                assert seen.setdefault(a.tobytes(), f"{key}@{k}") == f"{key}@{k}", \
+                    f"{key} after {k} saves holds the bytes of {seen[a.tobytes()]}"
+                assert (a == rank_state(rank, 1, 4, 50, 0)[key] + k).all()  # each save adds exactly 1.0
 
 
 def test_benchmarks_type_check() -> None:
