@@ -96,3 +96,13 @@ def drop_tree(root: Path) -> None:
             p = Path(dirpath, n)
             if stat.S_ISREG(p.lstat().st_mode):
                 drop_file(p)
+
+
+def settle(*roots: Path) -> None:
+    """Before a timed write: flush what earlier steps left to the disk (a deleted tree's
+    freed blocks, the journal), and drop the files under ``roots`` from the page cache
+    (:func:`drop_tree`: the next write then gets warm pages), so no side pays for the
+    one before it."""
+    os.sync()
+    for root in roots:
+        drop_tree(root)

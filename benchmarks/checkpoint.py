@@ -40,7 +40,7 @@ from segue.checkpoint.blobs import CHUNK
 from segue.checkpoint.io import DEFAULT_WORKERS
 
 from . import _probe as pb
-from ._floors import Layout, bytes_arr, drop_file, drop_tree, raw_write
+from ._floors import Layout, bytes_arr, drop_file, drop_tree, raw_write, settle
 
 MiB = 1 << 20
 
@@ -67,15 +67,6 @@ def fsync_tree(root: Path) -> None:
             fd = os.open(Path(dirpath, n), os.O_RDONLY)
             os.fsync(fd)
             os.close(fd)
-
-
-def settle(work: Path) -> None:
-    """Flush what earlier steps left to the disk (a deleted tree's freed blocks, the
-    journal) before a timed write, and drop every file they left from the page cache
-    (the next write then gets warm pages: _floors.drop_tree), so no side pays for the
-    one before it."""
-    os.sync()
-    drop_tree(work)
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -97,7 +97,7 @@ import numpy as np
 from segue.checkpoint.io import DEFAULT_WORKERS
 
 from . import _probe as pb
-from ._floors import Layout, drop_tree, raw_write
+from ._floors import Layout, raw_write, settle
 from .flows.gang_state import rank_state
 
 FLOW = Path(__file__).parent / "flows" / "gang_flow.py"
@@ -141,7 +141,10 @@ def _tail(log: Path) -> str:
 def start_segue(tmp: Path, gate: Path, side: str, shape: Shape, saves: int) -> subprocess.Popen[bytes]:
     """`segue run` of the flow with ``SIDE_RANKS[side]`` ranks, its saves conducted through ``gate``."""
     env = {**os.environ, "SEGUE_HOME": str(tmp / side), "SEGUE_POOL": str(tmp / f"pool-{side}.db"),
-           "BENCH_RANKS": str(SIDE_RANKS[side])}
+           "BENCH_RANKS": str(SIDE_RANKS[side]),
+           # Keep every checkpoint: a gang's coordinator prunes after its ranks go on, so
+           # pruning would run beside the next side's timed save (disk: saves x the state).
+           "BENCH_KEEP": str(saves + 1)}
     return _spawn([sys.executable, "-m", "segue", "run", str(FLOW), "--run-id", "b", "-p", f"mb={shape[0]}",
                    "-p", f"large={shape[1]}", "-p", f"small={shape[2]}", "-p", f"k={saves}", "-p", f"gate={gate}", "-p", f"side={side}"], tmp / f"{side}.log", env)
 
@@ -198,13 +201,10 @@ def dcp_state(tmp: Path, shape: Shape, saves: int) -> dict[str, np.ndarray]:
     return {key: t.numpy() for key, t in back.items()}
 
 
-def settle(tmp: Path) -> None:
-    """Every side starts each timed save on a settled disk and with the same warm memory:
-    everything flushed, and what earlier saves of every side wrote dropped from the page
-    cache (benchmarks._floors.drop_tree says why; never a store's files)."""
-    os.sync()
-    for data in ("gang/data", "single/data", "dcp"):
-        drop_tree(tmp / data)
+def settle_sides(tmp: Path) -> None:
+    """Every side starts each timed save on a settled disk and with the same warm memory
+    (_floors.settle): what earlier saves of every side wrote is dropped, never a store's files."""
+    settle(*(tmp / data for data in ("gang/data", "single/data", "dcp")))
 
 
 class Conductor:
@@ -279,7 +279,7 @@ class Conductor:
             os.close(fd)
 
     def save(self, side: str, i: int) -> float:
-        settle(self.gate.parent)
+        settle_sides(self.gate.parent)
         self.go(side, i)
         t = float(self.wait(f"done-{side}-{i}"))
         self.ready(side, i + 1)  # its next arrays changed: nothing of it runs from here on
@@ -319,7 +319,7 @@ def paired_saves(tmp: Path, shape: Shape, saves: int) -> tuple[dict[str, list[fl
                         if side != "raw":
                             times[side].append(run.save(side, i))
                             continue
-                        settle(tmp)
+                        settle_sides(tmp)
                         t0 = time.perf_counter()
                         raw_write(tmp / "raw", lay, pool)
                         times["raw"].append(time.perf_counter() - t0)

@@ -18,9 +18,10 @@ from segue import Flow
 
 flow = Flow("gangbench", params={"mb": 64, "large": 1, "small": 0, "k": 5, "gate": "", "side": "gang"})
 RANKS = int(os.environ.get("BENCH_RANKS", "2"))
+KEEP = int(os.environ.get("BENCH_KEEP", "2"))  # benchmarks.scale keeps them all
 
 
-@flow.step(world_size=RANKS, checkpoint_every="1h", keep_checkpoints=2)
+@flow.step(world_size=RANKS, checkpoint_every="1h", keep_checkpoints=KEEP)
 def save(ctx):
     p = ctx.params
     gate, side, k = Path(p["gate"]), p["side"], p["k"]
