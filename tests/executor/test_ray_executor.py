@@ -127,6 +127,41 @@ def test_a_flow_runs_unchanged_on_ray_and_ends_as_it_does_locally(
     assert segue.status("r")["state"] == "SUCCEEDED"
 
 
+# More of the integration suite's flows (the counter above, the data step, the gangs and
+# the elastic step have tests of their own below), each run from the same file with the
+# same parameters locally and on Ray: a step that fails once and is retried, with its
+# traceback and prints in `segue logs`; a step whose result depends on torch's RNG.
+UNCHANGED = [("chatty.py", ("-p", "bad=false"), {"talk": 2, "gate": 1, "bad": 1}),
+             ("torchrng.py", ("-p", "n=60", "-p", "sleep=0"), {"draw": 1})]
+
+
+@pytest.mark.parametrize(("name", "params", "attempts"), UNCHANGED, ids=[u[0] for u in UNCHANGED])
+def test_integration_flows_run_unchanged_on_ray_with_the_same_attempts_and_outputs(
+        segue: Segue, cluster: Any, tmp_path: Path, name: str, params: tuple[str, ...],
+        attempts: dict[str, int]) -> None:
+    if name == "torchrng.py":
+        pytest.importorskip("torch", reason="torchrng.py needs torch: pip install torch")
+    flow = str(FLOWS / name)
+    local = Segue(tmp_path / "local")
+    runs = {"local": local, "ray": segue}
+    for where, s in runs.items():
+        proc = s("run", flow, "--run-id", "u", *params, *(on_ray(cluster) if where == "ray" else ()),
+                 env=QUICK, timeout=300)
+        assert proc.returncode == 0, (where, proc.stdout[-2000:], proc.stderr)
+        assert s.status("u")["state"] == "SUCCEEDED", where
+        got = {st["name"]: (st["state"], st["attempts"]) for st in s.status("u")["steps"]}
+        assert got == {step: ("SUCCEEDED", n) for step, n in attempts.items()}, (where, got)
+    for step in attempts:  # as a user reads them: exactly equal (JSON floats round-trip)
+        assert segue.json("output", "u", step) == local.json("output", "u", step), step
+    # Every attempt ran on a worker node, and what it printed came home.
+    workers = {n.node_id for n in cluster.worker_nodes}
+    first = next(iter(attempts))
+    assert node_of(segue, "u", first, 1) in workers
+    if name == "chatty.py":
+        logs = segue("logs", "u", "talk").stdout
+        for line in ("hello from attempt 1", "ValueError: boom at attempt 1", "hello from attempt 2"):
+            assert line in logs, logs
+
 @pytest.mark.timeout(900)  # REPS node losses, each wait bounded on its own; 300 s ran out on a loaded box
 def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
         segue: Segue, cluster: Any, counter_ref: Any, tmp_path: Path) -> None:
