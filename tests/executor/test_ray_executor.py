@@ -162,6 +162,7 @@ def test_integration_flows_run_unchanged_on_ray_with_the_same_attempts_and_outpu
         for line in ("hello from attempt 1", "ValueError: boom at attempt 1", "hello from attempt 2"):
             assert line in logs, logs
 
+
 @pytest.mark.timeout(900)  # REPS node losses, each wait bounded on its own; 300 s ran out on a loaded box
 def test_node_loss_mid_step_recovers_on_another_node_exactly_once(
         segue: Segue, cluster: Any, counter_ref: Any, tmp_path: Path) -> None:
