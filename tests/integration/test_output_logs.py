@@ -77,6 +77,9 @@ def test_logs_per_attempt_and_failure_traceback_in_status(segue: Segue) -> None:
     assert first.returncode == 0, first.stderr
     assert "hello from attempt 1" in first.stdout and "ValueError: boom at attempt 1" in first.stdout
     assert "attempt 2" not in first.stdout  # one attempt's log only
+    # `talk` failed before any checkpoint: its retry counts on, and the reason says no more.
+    retry = next(e["reason"] for e in segue.events("c1") if e.get("to_state") == "RETRYING")
+    assert "retry 1 of 2 in " in retry and "starts over" not in retry, retry
     second = segue("logs", "c1", "talk", "--attempt", "2").stdout
     assert "hello from attempt 2" in second and "boom" not in second
     both = segue("logs", "c1", "talk").stdout

@@ -293,6 +293,9 @@ def test_hung_worker_is_killed_after_lease(segue: Segue, counter_ref, gate: Gate
     # loaded machine may lose its own lease too, so later attempts are not counted).
     first = next(e for e in segue.events(run) if e["kind"] == "task" and e["to_state"] == "RETRYING")
     assert first["reason"].startswith("attempt epoch 1 stopped heartbeating (lease expired)"), first
+    # It had committed a checkpoint: its failure starts the count over, and the reason says so.
+    assert first["reason"].endswith("(this attempt committed a checkpoint: the count of failures "
+                                    "starts over)"), first
 
 
 def test_pause_deadline_kills_and_resume_is_exact(segue: Segue, counter_ref, gate: Gate,

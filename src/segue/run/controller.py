@@ -639,7 +639,9 @@ class Controller:
             delay = self.options.backoff(failures)
             self.store.transition_task(
                 self.run_id, a.step, TaskState.RETRYING, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
-                reason=f"{error}; retry {failures} of {retries} in {delay:.1f}s",
+                reason=f"{error}; retry {failures} of {retries} in {delay:.1f}s"
+                + (" (this attempt committed a checkpoint: the count of failures starts over)"
+                   if progressed else ""),
                 count_failure=True, reset_failures=progressed, error=error,
                 next_attempt_at=self._now() + delay,
             )
