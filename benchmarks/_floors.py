@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,25 +42,18 @@ def raw_write(root: Path, lay: Layout, pool: ThreadPoolExecutor) -> None:
     (posix_fallocate: all before any byte is written, so no preallocation waits behind
     writeback, and the floor measured the same with or without it; segue's writer
     does not preallocate), pwritten in CHUNK pieces by as many threads
-    as segue's writer uses; each file's writeback started as soon as its last piece is
-    written (sync_file_range, as segue's writer does: it measured 20-25% faster here than
-    writing everything first), then every file fsynced in parallel. No hashing, no manifest."""
+    as segue's writer uses; each piece's writeback started as soon as it is written
+    (sync_file_range, as segue's writer does: per file it measured 20-25% faster here
+    than writing everything first, and per piece faster again), then every file
+    fsynced in parallel. No hashing, no manifest."""
     root.mkdir(parents=True, exist_ok=True)
     fds = [os.open(root / f"f{k}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
            for k in range(len(lay.sizes))]
-    left = [0] * len(fds)
-    for k, _, _ in lay.jobs:
-        left[k] += 1
-    lock = threading.Lock()
 
     def write(job: tuple[int, int, memoryview]) -> None:
         k, offset, piece = job
         os.pwrite(fds[k], piece, offset)
-        with lock:
-            left[k] -= 1
-            last = not left[k]
-        if last:
-            start_writeback(fds[k])
+        start_writeback(fds[k], offset, len(piece))
 
     try:
         for fd, size in zip(fds, lay.sizes, strict=True):

@@ -40,17 +40,18 @@ def _sync_file_range() -> Callable[[int, int, int, int], int] | None:
     return fn  # type: ignore[no-any-return]
 
 
-def start_writeback(fd: int) -> None:
+def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
     """Have the kernel start writing ``fd``'s dirty pages to the device now, without
-    waiting for them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``).
+    waiting for them (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``): the pages of
+    ``nbytes`` from ``offset``, or, with ``nbytes`` 0, every page from ``offset`` on.
 
     Durability still takes an ``fsync``, which also reports any write error; this
-    only lets the device work while the caller goes on writing other files. It
-    does nothing where the call does not exist.
+    only lets the device work while the caller goes on writing. It does nothing
+    where the call does not exist.
     """
     fn = _sync_file_range()
     if fn is not None:
-        fn(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # advisory: the fsync after it reports errors
+        fn(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)  # advisory: the fsync reports errors
 
 
 def write_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:

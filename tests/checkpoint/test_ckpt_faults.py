@@ -24,7 +24,7 @@ from segue.checkpoint import (
     save,
     verify,
 )
-from segue.checkpoint.retention import temp_files
+from segue.checkpoint.retention import collect_garbage, temp_files
 from segue.checkpoint.storage import TEMP_MARK
 from segue.errors import CheckpointCorruptError, InjectedFault
 
@@ -78,13 +78,15 @@ def test_sigkill_at_each_phase_never_exposes_a_half_checkpoint(tmp_path: Path, p
 
     published = POINTS[point]
     left = storage.listdir("run/ckpt-0002")
+    # While the blobs are made durable, the manifest is staged beside its name: a kill
+    # then may leave its temp file (never read), never the manifest.
+    staged = [n for n in left if n.startswith(f".MANIFEST.json{TEMP_MARK}")]
     if point == "checkpoint.blob_tmp":  # a temp blob, never read, and no manifest
-        assert temp_files(storage) and left == []
+        assert temp_files(storage) and left == staged
     if point == "checkpoint.blob_written":  # data durable in blobs/, no manifest yet
-        assert left == [] and not temp_files(storage)
+        assert left == staged and not temp_files(storage)
     if point == "checkpoint.manifest_tmp":  # the manifest exists only under its temp name
-        assert [n for n in left if n.startswith(f".MANIFEST.json{TEMP_MARK}")]
-        assert "MANIFEST.json" not in left
+        assert staged and "MANIFEST.json" not in left
     best, bad = recover(storage)
     assert best == ("run/ckpt-0002" if published else "run/ckpt-0001")
     assert bad == ([] if published else ["run/ckpt-0002"])
@@ -93,6 +95,10 @@ def test_sigkill_at_each_phase_never_exposes_a_half_checkpoint(tmp_path: Path, p
     )
     assert load(storage, best, allow_pickle=True).state["step"] == (2 if published else 1)
     if not published:
+        # GC removes every temp file of the dead writer, its staged manifest's too.
+        gc = collect_garbage(storage, grace_s=0)
+        assert set(gc.deleted) >= {f"run/ckpt-0002/{n}" for n in staged}
+        assert not [i.path for i in storage.walk("") if TEMP_MARK in i.path]
         # Leftovers of the dead writer do not block a retry, and the retry verifies.
         save(storage, "run/ckpt-0002", state(2), allow_pickle=True)
         verify(storage, "run/ckpt-0002")

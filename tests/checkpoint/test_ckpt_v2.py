@@ -290,6 +290,28 @@ def test_gc_grace_period_and_pending_marker_protect_a_concurrent_save(
     assert len(collect_garbage(storage, grace_s=0).deleted) == len(old.files)
 
 
+def test_a_staged_manifest_never_published_is_collected_after_the_grace_period(tmp_path: Path) -> None:
+    """A writer killed while its manifest was staged leaves a temp file beside the
+    manifest's name: not a checkpoint, never read, and GC's once old enough."""
+    storage = LocalStorage(tmp_path)
+    save(storage, "run/c1", big_state(0, n=1))
+    staged = storage.stage("run/c2/MANIFEST.json", b'{"never": "published"}')
+    assert list_dir_checkpoints(storage, "run") == ["run/c1"]
+    temps = [n for n in storage.listdir("run/c2") if n.startswith(".MANIFEST.json.tmp-")]
+    assert len(temps) == 1 and storage.listdir("run/c2") == temps
+    assert collect_garbage(storage, grace_s=3600).deleted == []  # a save may be staging it now
+    report = collect_garbage(storage, grace_s=0)
+    assert report.deleted == [f"run/c2/{temps[0]}"] and report.freed_bytes == 22
+    assert storage.listdir("run/c2") == []
+    staged.discard()  # idempotent: the file is gone already
+    verify(storage, "run/c1")  # the published checkpoint kept everything
+    # A staged manifest publishes once: the name taken, it is refused and removed.
+    again = storage.stage("run/c1/MANIFEST.json", b"{}")
+    with pytest.raises(FileExistsError):
+        again.publish()
+    assert storage.listdir("run/c1") == ["MANIFEST.json"]
+
+
 def test_a_gc_between_a_save_seeing_a_blob_and_its_marker_cannot_lose_the_blob(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -227,3 +227,84 @@ def test_the_empty_store_question_is_not_asked_where_no_blob_is_guessed(
         cp.save("w2", {k: v.copy() for k, v in _weights(1).items()})  # frozen: all reused
         cp.save("w3", {k: v.copy() for k, v in _weights(1).items()})
     assert listed.count("blobs") == 1
+
+
+def test_each_large_piece_starts_for_the_device_as_it_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device starts on a blob's first piece, not once its last is copied, whether
+    the blob is named (hashed first) or written on a guess while it is hashed."""
+    monkeypatch.setattr(blobs_mod, "CHUNK", storage_mod.WRITEBACK_BYTES)
+    events: list[tuple[str, int, int]] = []  # ("piece" | "range", offset, bytes)
+    real_wb, real_write = storage_mod.start_writeback, storage_mod._LocalBlobWriter.write_at
+
+    def start_writeback(fd: int, offset: int = 0, nbytes: int = 0) -> None:
+        if nbytes:
+            events.append(("range", offset, nbytes))
+        real_wb(fd, offset, nbytes)
+
+    def write_at(self: Any, offset: int, data: Any) -> None:
+        events.append(("piece", offset, memoryview(data).nbytes))
+        real_write(self, offset, data)
+
+    monkeypatch.setattr(storage_mod, "start_writeback", start_writeback)
+    monkeypatch.setattr(storage_mod._LocalBlobWriter, "write_at", write_at)
+    w = np.random.default_rng(0).random(1 << 20, dtype=np.float32)  # 4 MiB: 4 pieces
+    storage = ckpt.LocalStorage(tmp_path)
+    for path, state in (("first", {"w": w}), ("named", {"w2": w + 1})):
+        # "first": an empty store, written on a guess; "named": hashed, then written.
+        events.clear()
+        with ThreadPoolExecutor(1) as pool:  # one thread: a piece's range comes next
+            ckpt.save(storage, path, state, pool=pool)
+        big = [(off, n) for kind, off, n in events if kind == "piece" and n >= storage_mod.WRITEBACK_BYTES]
+        assert len(big) == 4, events
+        for off, n in big:
+            assert events[events.index(("piece", off, n)) + 1] == ("range", off, n)
+    assert ckpt.load(storage, "first").state["w"].tobytes() == w.tobytes()
+    assert ckpt.load(storage, "named").state["w2"].tobytes() == (w + 1).tobytes()
+
+
+def test_the_manifest_is_staged_while_the_blobs_are_fsynced_and_linked_after_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manifest's temp file is written and fsynced beside the blobs' fsyncs (its
+    own fsync came last, after them); its link, the publish, still comes after every
+    blob is durable and in place."""
+    events: list[str] = []
+    staged = threading.Event()
+    real_sync = storage_mod._LocalBlobWriter.sync
+    real_staged_init = storage_mod._LocalStaged.__init__
+    real_fsync_dir, real_link = storage_mod.fsync_dir, os.link
+
+    def sync(self: Any) -> None:
+        # Held until the manifest is staged: staged after the blobs, it never would be.
+        events.append("blob sync waited: " + str(staged.wait(30)))
+        real_sync(self)
+        events.append("blob synced")
+
+    def staged_init(self: Any, *a: Any) -> None:
+        real_staged_init(self, *a)
+        events.append("manifest staged")
+        staged.set()
+
+    def fsync_dir(path: Any) -> None:
+        real_fsync_dir(path)
+        events.append("dir synced")
+
+    def link(src: Any, dst: Any) -> None:
+        events.append("manifest linked")
+        real_link(src, dst)
+
+    monkeypatch.setattr(storage_mod._LocalBlobWriter, "sync", sync)
+    monkeypatch.setattr(storage_mod._LocalStaged, "__init__", staged_init)
+    monkeypatch.setattr(storage_mod, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(storage_mod.os, "link", link)
+    state = _weights(1)
+    with ThreadPoolExecutor(4) as pool:
+        ckpt.save(ckpt.LocalStorage(tmp_path), "c", state, pool=pool)
+    assert events.count("blob sync waited: True") == 2, events
+    linked = events.index("manifest linked")
+    assert events.index("manifest staged") < max(i for i, e in enumerate(events) if e == "blob synced")
+    last_blob = max(i for i, e in enumerate(events) if e in ("blob synced", "dir synced") and i < linked)
+    assert all(e != "blob synced" for e in events[linked:]) and last_blob < linked
+    assert events[linked + 1:] == ["dir synced"]  # the manifest's directory, once linked
+    back = ckpt.load(ckpt.LocalStorage(tmp_path), "c").state
+    assert all(back[k].tobytes() == state[k].tobytes() for k in state)

@@ -9,7 +9,9 @@ running at the same time is about to reference. It keeps every blob that is
 (a) listed by any manifest under the storage root (quarantine excepted), (b) named
 by a pending-save marker younger than ``marker_ttl_s``, or (c) younger than
 ``grace_s``. A writer also re-checks its reused blobs after publishing and puts
-back any that a racing GC removed (see :mod:`.writer`).
+back any that a racing GC removed (see :mod:`.writer`). It also deletes what dead
+writers left, once older than ``grace_s``: blob temp files, and the temp files of
+manifests staged beside a checkpoint's manifest name but never published.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ..errors import CheckpointCorruptError, CheckpointError
 from .blobs import BLOB_DIR, PENDING_DIR
 from .format import MANIFEST_NAME
 from .reader import read_manifest, verify_files
-from .storage import TEMP_MARK, CheckpointStorage
+from .storage import TEMP_MARK, CheckpointStorage, FileInfo
 
 QUARANTINE_PREFIX = "quarantine/"
 
@@ -128,6 +130,16 @@ def _referenced(storage: CheckpointStorage, now: float, marker_ttl_s: float) -> 
     return live, pending
 
 
+def _stale_manifest_temps(storage: CheckpointStorage, now: float, grace_s: float) -> list[FileInfo]:
+    """Manifests staged by writers that died before publishing them: temp files beside
+    a checkpoint's manifest name, never read, older than ``grace_s`` (a save running
+    now has a young one)."""
+    prefix = f".{MANIFEST_NAME}{TEMP_MARK}"
+    return [i for i in storage.walk("")
+            if not i.path.startswith((QUARANTINE_PREFIX, f"{BLOB_DIR}/"))
+            and i.path.rsplit("/", 1)[-1].startswith(prefix) and now - i.mtime >= grace_s]
+
+
 def collect_garbage(
     storage: CheckpointStorage,
     *,
@@ -136,7 +148,8 @@ def collect_garbage(
     now: float | None = None,
     dry_run: bool = False,
 ) -> GcReport:
-    """Delete blobs (and writer temp files) that nothing references; see the module docstring."""
+    """Delete blobs (and writer temp files, staged manifests' too) that nothing
+    references; see the module docstring."""
     now = time.time() if now is None else now
     candidates = [i for i in storage.walk(BLOB_DIR) if not i.path.startswith(f"{PENDING_DIR}/")]
     live, pending = _referenced(storage, now, marker_ttl_s)
@@ -151,6 +164,9 @@ def collect_garbage(
         else:
             report.deleted.append(info.path)
             report.freed_bytes += info.size
+    for info in _stale_manifest_temps(storage, now, grace_s):
+        report.deleted.append(info.path)
+        report.freed_bytes += info.size
     if not dry_run and report.deleted:
         # Markers written since we looked protect their blobs too: look once more
         # right before deleting, which shrinks the race to the delete calls themselves.

@@ -12,8 +12,10 @@
    step 1 are checked again after it; any gone are written. A state of JSON only
    has no blobs and no marker.
 3. The written blobs are fsynced and renamed into place (object stores: one PUT
-   each), then their directories are fsynced. The manifest is built meanwhile.
-4. The manifest is published with a conditional create, durably.
+   each), then their directories are fsynced. The manifest is built and staged
+   meanwhile (locally: written to a temp file beside its name and fsynced).
+4. The manifest is published with a conditional create (locally: a hard link of
+   the staged file), durably.
 5. The marker is removed.
 
 A crash before step 4 leaves temp files and blobs no manifest references (GC
@@ -31,7 +33,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -41,7 +43,7 @@ from ..errors import CheckpointError
 from .blobs import BLOB_DIR, PENDING_DIR, BlobPlan, hash_blob
 from .format import MANIFEST_NAME, ArrayEntry, FileEntry, Manifest, OpaqueEntry
 from .jobs import JobGroup
-from .storage import BlobWriter, CheckpointStorage
+from .storage import BlobWriter, CheckpointStorage, Staged
 
 
 @dataclass(frozen=True)
@@ -96,13 +98,14 @@ def _write_temp(
       in the state held a new blob last time, as a weight that changes at every
       step does), before it is hashed: the blob is written under an unnamed temp
       file while this job hashes it, and named after. A guess that loses (the blob
-      exists) skips its remaining writes and is aborted once they have ended: its
-      pages are dropped, unwritten unless all of it was copied before the hash
-      ended. Without the guess, a large blob's whole hash (4 ms for 64 MiB here)
-      came before its first byte went out.
+      exists) skips its remaining writes and is aborted once they have ended: only
+      the pieces written while it was hashed went out (each large piece starts for
+      the device as it is written). Without the guess, a large blob's whole hash
+      (4 ms for 64 MiB here) came before its first byte went out.
 
-    A blob's bytes start for the device (:meth:`.BlobWriter.written`) once its last
-    piece is written, while later blobs are still hashed and copied. ``then`` runs
+    A blob's large pieces start for the device as each is written, and the rest
+    (:meth:`.BlobWriter.written`) once its last piece is, while later blobs are
+    still hashed and copied. ``then`` runs
     as one more job once every plan is hashed and checked.
 
     On any failure (a full disk, typically) every writer is aborted, but only
@@ -292,9 +295,11 @@ def _write_checkpoint(
             storage.write_bytes_atomic(marker, json.dumps(body).encode(), durable=False)
             marked = True
 
-    def build() -> tuple[Manifest, bytes]:
+    def build() -> tuple[Manifest, Staged]:
         m = _manifest(plans, tree=tree, meta=meta, versions=versions, tags=tags)
-        return m, m.to_json().encode()
+        # Staged (locally: written to a temp file and fsynced) while the blobs are
+        # fsynced: only its link into place waits for them.
+        return m, storage.stage(manifest_path, m.to_json().encode())
 
     try:
         # With nothing stored yet (a job's first save in its directory), no blob can be
@@ -319,25 +324,23 @@ def _write_checkpoint(
             raise
         unique = list({p.path: p for p in plans}.values())
         missing = [p for p in unique if p not in reused]
-        # The manifest (pure Python, ~14 ms of CPU for 2,000 arrays) is built while the
-        # blobs are fsynced, when the CPU waits for the device. Built on the hashing
-        # chain, as it was, it ran beside the last blobs' page-cache copies, which on two
-        # cores need the CPU; the end-to-end gain is within this VM's noise (README).
+        # The manifest (pure Python, ~14 ms of CPU for 2,000 arrays) is built and staged
+        # while the blobs are fsynced, when the CPU waits for the device. Built on the
+        # hashing chain, as it was, it ran beside the last blobs' page-cache copies,
+        # which on two cores need the CPU; the end-to-end gain is within this VM's
+        # noise (README). Staged after the blobs, its write and fsync came last.
         building = JobGroup(pool)
         manifest_job = building.submit(build)
         try:
             _commit(storage, writers, pool)
+            fault_point("checkpoint.blob_written")
+            manifest, staged = manifest_job.result()
         except BaseException:
             building.settle()  # no job outlives a failed save (jobs.JobGroup)
+            _discard(manifest_job)
             raise
-        fault_point("checkpoint.blob_written")
-        manifest, manifest_json = manifest_job.result()
         try:
-            storage.publish(
-                manifest_path,
-                manifest_json,
-                before_publish=lambda: fault_point("checkpoint.manifest_tmp"),
-            )
+            staged.publish(before_publish=lambda: fault_point("checkpoint.manifest_tmp"))
         except FileExistsError:
             raise CheckpointError(
                 f"checkpoint {path} already exists and checkpoints are immutable; "
@@ -365,6 +368,13 @@ def _write_checkpoint(
         seconds=time.perf_counter() - t0,
     )
     return manifest, stats
+
+
+def _discard(job: Future[tuple[Manifest, Staged]]) -> None:
+    """Drop the staged manifest of a save that failed (the job has ended)."""
+    if job.done() and not job.cancelled() and job.exception() is None:
+        with contextlib.suppress(OSError):
+            job.result()[1].discard()
 
 
 def _holds_no_blob(storage: CheckpointStorage) -> bool:
