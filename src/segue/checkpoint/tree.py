@@ -192,22 +192,17 @@ class _Encoder:
                 )
         if TAG in d:
             return self.opaque(d, path, f"has the key {TAG!r}, which segue reserves; rename it")
-        enc, out = self.encode, self.out
+        enc, array = self.encode, self.array
         nd = self.npm.ndarray if self.npm is not None else None
         items = {}
         for k, x in d.items():
-            # A plain C-contiguous NumPy array (a model's weights, by the thousand) is
-            # added here: what encode() then array() would do, without two calls a leaf.
-            if type(x) is nd and x.flags.c_contiguous:
-                dt = x.dtype
-                if not (dt.hasobject or dt.kind == "V"):
-                    ref = f"a{len(out.arrays)}"
-                    out.arrays[ref] = x
-                    out.array_meta[ref] = {"framework": "numpy"}
-                    out.layout.append((dt, x.shape, _NUMPY_META))
-                    items[k] = {TAG: "ndarray", "ref": ref}
-                    continue
-            items[k] = enc(x, (path, k, None))
+            # A NumPy array of plain values (a model's weights, by the thousand) goes
+            # straight to array(), as encode() would send it: one call a leaf, not two.
+            # Any other value, and an array encode() stores opaque, goes through encode().
+            if type(x) is nd and not (x.dtype.hasobject or x.dtype.kind == "V"):
+                items[k] = {TAG: "ndarray", "ref": array(x, None)}
+            else:
+                items[k] = enc(x, (path, k, None))
         return items if type(d) is dict else {TAG: "odict", "items": items}
 
 
