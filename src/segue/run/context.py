@@ -10,10 +10,11 @@ touch the disk or the database, so tight loops may call them every iteration.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -46,6 +47,24 @@ class Flags:
     fenced: bool = False
     progress: tuple[float, float | None] | None = None
     progress_dirty: bool = False
+    _flush_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def flush_progress(self, write: Callable[[float, float | None], None]) -> None:
+        """Write the latest progress with ``write(done, total)`` if it changed since
+        the last write; a failed write stays due. Every writer (the heartbeat, a
+        checkpoint's commit, the attempt's end) goes through here, one at a time,
+        each with the value current when it takes the lock: a slow writer can never
+        land an older value over a newer one. The step thread only sets attributes."""
+        with self._flush_lock:
+            if not self.progress_dirty or self.progress is None:
+                return  # the store holds the latest already
+            self.progress_dirty = False  # before the read: a report after it stays due
+            done, total = self.progress
+            try:
+                write(done, total)
+            except BaseException:
+                self.progress_dirty = True
+                raise
 
 
 class _Inputs(Mapping[str, Any]):
@@ -163,6 +182,11 @@ class StepContext:
         """Report progress; flushed to the store by the heartbeat, not here."""
         self._flags.progress = (float(done), None if total is None else float(total))
         self._flags.progress_dirty = True
+
+    def flush_progress(self) -> None:
+        """Write the latest :meth:`progress` to the store (fenced), if it changed."""
+        self._flags.flush_progress(
+            lambda done, total: self._store.report_progress(self.run_id, self.step, self.epoch, done, total))
 
     @property
     def reported_progress(self) -> tuple[float, float | None] | None:
@@ -288,13 +312,12 @@ class StepContext:
             "position": pos,
             "code_fingerprint": self._fingerprint,
         }
-        progress = self._flags.progress
 
         def on_durable(saved: ckpt.SaveResult) -> None:
             # Runs in the writer's thread once the manifest is durable.
             _faults.fault_point("ctx.after_save")
             self.commit(seq, path, pos, nbytes=saved.nbytes + self._manifest_size(path),
-                        duration_s=time.perf_counter() - t0, progress=progress)
+                        duration_s=time.perf_counter() - t0)
 
         if durable or self._flags.pause_requested:
             # Committed on return (a pause too waits for it): written in line, nothing staged.
@@ -332,16 +355,17 @@ class StepContext:
         self._flags.checkpoint_requested = False
 
     def commit(self, seq: int, path: str, position: Any, *, nbytes: int, duration_s: float,
-               progress: tuple[float, float | None] | None, prune: bool = True) -> None:
+               prune: bool = True) -> None:
         """Record checkpoint ``seq`` (durable at ``path``) in the store, fenced by this
-        attempt's epoch: the commit point. Then prune past the retention, unless the
-        caller calls :meth:`apply_retention` itself later (a gang, once its ranks go on)."""
+        attempt's epoch: the commit point. Then flush the step's progress (the latest,
+        never the one reported when the save began: that may be older than what the
+        heartbeat wrote meanwhile), and prune past the retention, unless the caller
+        calls :meth:`apply_retention` itself later (a gang, once its ranks go on)."""
         self._store.commit_checkpoint(
             self.run_id, self.step, self.epoch, seq=seq, path=path, position=position,
             nbytes=nbytes, duration_s=round(duration_s, 6),
         )
-        if progress is not None:
-            self._store.report_progress(self.run_id, self.step, self.epoch, *progress)
+        self.flush_progress()
         _faults.fault_point("ctx.after_commit")
         if prune:
             self.apply_retention()

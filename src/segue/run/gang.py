@@ -320,7 +320,7 @@ class Gang:
         nbytes = saved.nbytes + sum(r["nbytes"] for r in ranks)
         position = {"ranks": [v.votes[r][2] for r in range(self.n)]}
         self.ctx.commit(v.seq, v.path, position, nbytes=nbytes, duration_s=time.perf_counter() - v.t0,
-                        progress=self.ctx.reported_progress, prune=False)
+                        prune=False)
         self.ctx.saved(v.steps)
         self._voting = None
         for r in range(self.n):

@@ -75,10 +75,9 @@ class Heartbeat(threading.Thread):
                 hb = self.store.heartbeat(self.run_id, self.step, self.epoch, self.ttl_s)
                 if hb.run_state in (RunState.PAUSING, RunState.PAUSED, RunState.CANCELLED):
                     self.flags.pause_requested = True
-                if self.flags.progress_dirty and self.flags.progress is not None:
-                    self.flags.progress_dirty = False
-                    done, total = self.flags.progress
-                    self.store.report_progress(self.run_id, self.step, self.epoch, done, total)
+                self.flags.flush_progress(
+                    lambda done, total: self.store.report_progress(self.run_id, self.step, self.epoch,
+                                                                   done, total))
             except FencedError:
                 if self.stop_event.is_set():
                     return  # the attempt itself just parked or completed the task
@@ -184,8 +183,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             ref = None if result is None else save_output(storage, run_id, step, epoch, result,
                                                           allow_pickle=spec.allow_pickle)
         _faults.fault_point("worker.before_complete")
-        if flags.progress is not None:
-            store.report_progress(run_id, step, epoch, *flags.progress)
+        ctx.flush_progress()
         hb.stop_event.set()
         store.complete_task(run_id, step, epoch, output_ref=ref, actor=Actor.WORKER)
         _faults.fault_point("worker.after_complete")
