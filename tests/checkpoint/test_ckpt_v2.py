@@ -252,6 +252,41 @@ def test_prune_then_gc_keeps_exactly_the_live_blobs(storage: CheckpointStorage) 
         verify(storage, p)
 
 
+def test_gc_lists_the_blobs_once_and_reads_each_manifest_once(tmp_path: Path) -> None:
+    """A store's blobs are most of its files: GC lists them once (as the candidates)
+    and finds the manifests and staged temp files without walking them again; the
+    look right before deleting reads the pending markers only, not every manifest."""
+    walked: list[str] = []
+    manifests_read: list[str] = []
+
+    class Counting(LocalStorage):
+        def walk(self, reldir: str) -> list[Any]:
+            walked.append(reldir)
+            return super().walk(reldir)
+
+        def read_bytes(self, relpath: str) -> bytes:
+            if relpath.endswith("/MANIFEST.json"):
+                manifests_read.append(relpath)
+            return super().read_bytes(relpath)
+
+    storage = Counting(tmp_path)
+    for i in range(1, 4):  # each with a tensor of its own, and one they share
+        save(storage, f"run/c{i}", {"own": np.full(300_000, i, dtype=np.float32),
+                                    "shared": np.zeros(1000, dtype=np.float32)})
+    gone = read_manifest(storage, "run/c1")
+    storage.remove("run/c1/MANIFEST.json")  # c1's own blob is garbage now
+    kept = set(read_manifest(storage, "run/c2").files) | set(read_manifest(storage, "run/c3").files)
+    walked.clear()
+    manifests_read.clear()
+    report = collect_garbage(storage, grace_s=0)
+    assert report.deleted == sorted(set(gone.files) - kept) and len(report.deleted) == 1
+    assert report.kept_live == len(kept)  # (so the second look, before deleting, ran)
+    assert walked.count(BLOB_DIR) == 1 and "" not in walked, walked
+    assert sorted(manifests_read) == ["run/c2/MANIFEST.json", "run/c3/MANIFEST.json"]
+    for p in ("run/c2", "run/c3"):
+        verify(storage, p)
+
+
 def test_gc_grace_period_and_pending_marker_protect_a_concurrent_save(
     tmp_path: Path,
 ) -> None:

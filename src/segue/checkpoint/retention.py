@@ -97,26 +97,38 @@ class GcReport:
     kept_recent: int = 0
 
 
+def _outside_blobs(storage: CheckpointStorage) -> list[FileInfo]:
+    """Every file under the root but the blobs and the quarantine: each top-level
+    directory walked on its own, so the blobs (the most files by far) are never listed."""
+    skip = (BLOB_DIR, QUARANTINE_PREFIX.rstrip("/"))
+    return [i for top in storage.listdir("") if top not in skip for i in storage.walk(top)]
+
+
+def _manifest_dirs(files: Sequence[FileInfo]) -> list[str]:
+    return [i.path.rsplit("/", 1)[0] for i in files
+            if "/" in i.path and i.path.rsplit("/", 1)[-1] == MANIFEST_NAME]
+
+
 def live_manifests(storage: CheckpointStorage) -> list[str]:
     """Every checkpoint directory under the root, quarantine and blobs excepted."""
-    out = []
-    for info in storage.walk(""):
-        if info.path.startswith((QUARANTINE_PREFIX, f"{BLOB_DIR}/")):
-            continue
-        if info.path.rsplit("/", 1)[-1] == MANIFEST_NAME and "/" in info.path:
-            out.append(info.path.rsplit("/", 1)[0])
-    return out
+    return _manifest_dirs(_outside_blobs(storage))
 
 
-def _referenced(storage: CheckpointStorage, now: float, marker_ttl_s: float) -> tuple[set[str], set[str]]:
+def _live_blobs(storage: CheckpointStorage, manifest_dirs: Sequence[str]) -> set[str]:
     live: set[str] = set()
-    for path in live_manifests(storage):
+    for path in manifest_dirs:
         try:
             m = read_manifest(storage, path)
         except CheckpointCorruptError:
             continue  # unreadable: it references nothing we can know of
         if m.version >= 2:
             live.update(m.files)
+    return live
+
+
+def _pending_blobs(storage: CheckpointStorage, now: float, marker_ttl_s: float) -> set[str]:
+    """The blobs that saves running now named in their markers (older markers, left by
+    writers that died, are removed)."""
     pending: set[str] = set()
     for info in storage.walk(PENDING_DIR):
         if now - info.mtime > marker_ttl_s:
@@ -127,17 +139,15 @@ def _referenced(storage: CheckpointStorage, now: float, marker_ttl_s: float) -> 
             pending.update(str(b) for b in body.get("blobs", []))
         except (FileNotFoundError, ValueError):
             continue  # finished (removed) while we looked, or torn: both harmless
-    return live, pending
+    return pending
 
 
-def _stale_manifest_temps(storage: CheckpointStorage, now: float, grace_s: float) -> list[FileInfo]:
+def _stale_manifest_temps(files: Sequence[FileInfo], now: float, grace_s: float) -> list[FileInfo]:
     """Manifests staged by writers that died before publishing them: temp files beside
     a checkpoint's manifest name, never read, older than ``grace_s`` (a save running
     now has a young one)."""
     prefix = f".{MANIFEST_NAME}{TEMP_MARK}"
-    skip = (BLOB_DIR, QUARANTINE_PREFIX.rstrip("/"))  # the blobs are the most files by far
-    return [i for top in storage.listdir("") if top not in skip for i in storage.walk(top)
-            if i.path.rsplit("/", 1)[-1].startswith(prefix) and now - i.mtime >= grace_s]
+    return [i for i in files if i.path.rsplit("/", 1)[-1].startswith(prefix) and now - i.mtime >= grace_s]
 
 
 def collect_garbage(
@@ -152,7 +162,9 @@ def collect_garbage(
     references; see the module docstring."""
     now = time.time() if now is None else now
     candidates = [i for i in storage.walk(BLOB_DIR) if not i.path.startswith(f"{PENDING_DIR}/")]
-    live, pending = _referenced(storage, now, marker_ttl_s)
+    others = _outside_blobs(storage)  # one listing for the manifests and the staged temp files
+    live = _live_blobs(storage, _manifest_dirs(others))
+    pending = _pending_blobs(storage, now, marker_ttl_s)
     report = GcReport()
     for info in candidates:
         if info.path in live:
@@ -164,13 +176,14 @@ def collect_garbage(
         else:
             report.deleted.append(info.path)
             report.freed_bytes += info.size
-    for info in _stale_manifest_temps(storage, now, grace_s):
+    for info in _stale_manifest_temps(others, now, grace_s):
         report.deleted.append(info.path)
         report.freed_bytes += info.size
     if not dry_run and report.deleted:
         # Markers written since we looked protect their blobs too: look once more
-        # right before deleting, which shrinks the race to the delete calls themselves.
-        _, pending_now = _referenced(storage, now, marker_ttl_s)
+        # right before deleting, which shrinks the race to the delete calls themselves
+        # (a save that published meanwhile puts back what it reused: see .writer).
+        pending_now = _pending_blobs(storage, now, marker_ttl_s)
         for path in list(report.deleted):
             if path in pending_now:
                 report.deleted.remove(path)
