@@ -105,13 +105,9 @@ def _outside_blobs(storage: CheckpointStorage) -> list[FileInfo]:
 
 
 def _manifest_dirs(files: Sequence[FileInfo]) -> list[str]:
+    """The checkpoint directories among ``files`` (those holding a manifest)."""
     return [i.path.rsplit("/", 1)[0] for i in files
             if "/" in i.path and i.path.rsplit("/", 1)[-1] == MANIFEST_NAME]
-
-
-def live_manifests(storage: CheckpointStorage) -> list[str]:
-    """Every checkpoint directory under the root, quarantine and blobs excepted."""
-    return _manifest_dirs(_outside_blobs(storage))
 
 
 def _live_blobs(storage: CheckpointStorage, manifest_dirs: Sequence[str]) -> set[str]:
