@@ -524,3 +524,71 @@ def test_ckpt_now_reaches_a_worker_on_a_ray_node_through_its_actor(
     proc = segue("ckpt", "now", "od")
     assert proc.returncode == 2, proc.stderr
     assert "run 'od' has no running task on its Ray cluster to checkpoint" in proc.stderr, proc.stderr
+
+
+def _maps(pid: int) -> str:
+    return Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_segues_ray_processes_do_not_import_pyarrow_for_ray_serializers_they_never_use(
+        segue: Segue, cluster: Any, tmp_path: Path) -> None:
+    """Ray imports pyarrow (and starlette, pydantic) in every process on its first call,
+    to register serializers for their types (executor.ray_lean). The controller, the
+    attempt's actor, its worker and the sub-workers' actors of a data step on Ray all
+    made such calls, and none of them loaded pyarrow; a plain actor on the same cluster
+    did, so the check could fail."""
+    pytest.importorskip("pyarrow", reason="the premise: Ray imports pyarrow where it is installed")
+    flow, hold, seen = tmp_path / "held_map.py", tmp_path / "hold", tmp_path / "seen"
+    seen.mkdir()
+    flow.write_text("import os, time\nfrom segue import Flow\nfrom segue.data import JsonlSink, SequenceSource\n"
+                    "flow = Flow('held_map', params={'out': 'out', 'hold': '', 'seen': ''})\n"
+                    "@flow.map(source=lambda ctx: SequenceSource(list(range(4)), shards=2),"
+                    " sink=lambda ctx: JsonlSink(ctx.params['out']), workers=2)\n"
+                    "def f(r):\n    open(os.path.join(os.environ['SEEN'], str(os.getppid())), 'w').close()\n"
+                    "    while not os.path.exists(os.environ['HOLD']):\n        time.sleep(0.05)\n"
+                    "    return {'r': r}\n")
+    env = {**QUICK, "HOLD": str(hold), "SEEN": str(seen), "SEGUE_RAY_ENV": "HOLD,SEEN"}
+    proc = segue("run", str(flow), "--run-id", "lean", "-p", f"out={tmp_path / 'out'}", "--detach",
+                 *on_ray(cluster), env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr
+    # Each sub-worker's parent is its actor's process: both are at work, held.
+    members = explain(segue, "lean", lambda: [int(p.name) for p in seen.iterdir()] if len(list(seen.iterdir())) == 2
+                      else None, 120, "both sub-workers at work")
+    log = segue.home / "logs" / "lean" / "f.e1.log"
+    attempt = int(wait_for(lambda: re.search(r"actor pid (\d+)", log.read_text()) if log.exists() else None,
+                           60, "the attempt's actor pid in its log").group(1))
+    worker = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                  and (p / "stat").exists() and _ppid(p) == attempt and b"_worker_main" in _cmdline(p))
+    controller = store_of(segue).get_run("lean").controller_pid
+    assert controller is not None
+    loaded = {name: "arrow" in _maps(pid) for name, pid in
+              [("controller", controller), ("attempt's actor", attempt), ("worker", worker),
+               *((f"sub-worker actor {pid}", pid) for pid in members)]}
+    hold.touch()
+    segue.wait_state("lean", {"SUCCEEDED"}, 120)
+
+    @ray.remote(num_cpus=0)
+    class Plain:
+        def pid(self, x: int) -> int:
+            return os.getpid() + 0 * x
+
+    plain = Plain.remote()
+    control = _maps(ray.get(plain.pid.remote(1)))
+    ray.kill(plain)
+    assert "arrow" in control, "a plain Ray actor did not load pyarrow: this test proves nothing here"
+    assert not any(loaded.values()), loaded
+
+
+def _ppid(p: Path) -> int:
+    try:
+        stat = (p / "stat").read_text()
+    except OSError:
+        return -1
+    return int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _cmdline(p: Path) -> bytes:
+    try:
+        return (p / "cmdline").read_bytes()
+    except OSError:
+        return b""

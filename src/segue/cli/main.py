@@ -28,6 +28,7 @@ from typing import NoReturn
 
 from ..client.local import LocalClient
 from ..errors import SegueError, UsageError, WaitTimeoutError, exit_code
+from ..executor.ray_lean import own_process
 from ..flow import parse_duration, parse_overrides
 from ..flow.model import parse_memory
 from ..run.controller import Interrupts
@@ -306,6 +307,7 @@ def one_line(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    own_process()  # (segue.executor.ray_lean)
     try:
         a = build_parser().parse_args(argv)
         if a.store is not None:

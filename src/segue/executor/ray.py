@@ -46,6 +46,7 @@ from typing import Any
 from ..errors import UsageError
 from ..flow.model import Resources
 from .base import Executor, Launch, PoolHost, WorkerHandle, warm_members
+from .ray_lean import lean_if_own
 
 log = logging.getLogger("segue.executor.ray")
 
@@ -88,6 +89,7 @@ def connect(address: str) -> Any:
     ray = import_ray()
     if not ray.is_initialized():
         _probe(address)
+        lean_if_own()
         # ray.init may install its own SIGINT/SIGTERM handlers: the controller's stay.
         saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         try:

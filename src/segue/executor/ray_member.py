@@ -35,6 +35,7 @@ from multiprocessing.connection import Client
 from typing import Any
 
 from .local_warm import MEMBER_TARGETS
+from .ray_lean import lean_serialization
 from .ray_node import LOG_CHUNK, _scratch, actor_child_environment, node_home, signal_child
 
 
@@ -48,6 +49,7 @@ class MemberActor:
     """Supervises one member process on its node (declared remote by executor.ray_pool)."""
 
     def __init__(self) -> None:
+        lean_serialization()  # before its first call's arguments are read
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
         # The member's output: a file unlinked as soon as it is open, so nothing is

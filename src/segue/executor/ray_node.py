@@ -31,6 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .ray_lean import lean_serialization
+
 # What an attempt returns: its exit code and, when it wrote one, its exit report.
 Outcome = dict[str, Any]
 
@@ -170,6 +172,7 @@ class AttemptActor:
     """One attempt of one step on a Ray node (declared remote by :mod:`segue.executor.ray`)."""
 
     def __init__(self) -> None:
+        lean_serialization()  # before its first call's arguments are read
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: Path | None = None
         self._lock = threading.Lock()

@@ -8,6 +8,7 @@ import signal
 import sys
 
 from ..errors import SegueError
+from ..executor.ray_lean import own_process
 from ..flow import load_flow
 from ..home import Home
 from ..states import Actor, RunState
@@ -17,6 +18,7 @@ from .outage import describe_store_failure, store_unwritable
 
 
 def main(argv: list[str] | None = None) -> int:
+    own_process()  # (segue.executor.ray_lean)
     p = argparse.ArgumentParser(prog="segue-controller")
     p.add_argument("--home", required=True)
     p.add_argument("--run", required=True)

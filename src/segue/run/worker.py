@@ -26,6 +26,7 @@ from .. import checkpoint as ckpt
 from .._canon import digest
 from .._rngshield import shield_libraries
 from ..errors import FencedError, NoValidCheckpointError
+from ..executor.ray_lean import own_process
 from ..flow import load_flow
 from ..home import Home, output_path
 from ..hostname import this_host
@@ -216,6 +217,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
 
 
 def main(argv: list[str] | None = None) -> None:
+    own_process()  # (segue.executor.ray_lean)
     p = argparse.ArgumentParser(prog="segue-worker")
     p.add_argument("--home", required=True)
     p.add_argument("--run", required=True)
