@@ -557,8 +557,9 @@ def test_segues_ray_processes_do_not_import_pyarrow_for_ray_serializers_they_nev
     log = segue.home / "logs" / "lean" / "f.e1.log"
     attempt = int(wait_for(lambda: re.search(r"actor pid (\d+)", log.read_text()) if log.exists() else None,
                            60, "the attempt's actor pid in its log").group(1))
-    worker = next(int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
-                  and (p / "stat").exists() and _ppid(p) == attempt and b"_worker_main" in _cmdline(p))
+    worker = wait_for(lambda: next((int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()
+                                    and _ppid(p) == attempt and b"_worker_main" in _cmdline(p)), None),
+                      30, "the worker process, the attempt's actor's child")
     controller = store_of(segue).get_run("lean").controller_pid
     assert controller is not None
     loaded = {name: "arrow" in _maps(pid) for name, pid in

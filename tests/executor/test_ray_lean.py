@@ -20,7 +20,7 @@ PROBE = """
 import json, sys
 {before}
 from segue.executor.ray_lean import lean_serialization
-applied = lean_serialization()
+applied = lean_serialization() if {lean} else None
 from ray.util import serialization_addons
 
 class Recorder:
@@ -33,14 +33,14 @@ class Recorder:
 
 r = Recorder()
 serialization_addons.apply(r)
-print(json.dumps({{"applied": applied, "again": lean_serialization(), "registered": sorted(set(r.types)),
+print(json.dumps({{"applied": applied, "registered": sorted(set(r.types)),
                   "imported": [m for m in ("pyarrow", "starlette", "pydantic") if m in sys.modules]}}))
 """
 
 
-def probe(before: str = "") -> dict[str, object]:
-    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before)], capture_output=True, text=True,
-                         timeout=120)
+def probe(before: str = "", lean: bool = True) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", PROBE.format(before=before, lean=lean)], capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -48,7 +48,7 @@ def probe(before: str = "") -> dict[str, object]:
 def test_a_process_that_never_imported_them_imports_none_of_them() -> None:
     pytest.importorskip("pyarrow", reason="the premise: Ray would import pyarrow")
     got = probe()
-    assert got == {"applied": True, "again": True, "registered": [], "imported": []}
+    assert got == {"applied": True, "registered": [], "imported": []}
 
 
 def test_a_process_that_uses_pyarrow_keeps_rays_serializers_for_it() -> None:
@@ -62,11 +62,7 @@ def test_a_process_that_uses_pyarrow_keeps_rays_serializers_for_it() -> None:
 def test_without_the_lean_hook_ray_imports_them_all() -> None:
     """The control: Ray's own apply, on the same recorder, does import pyarrow."""
     pytest.importorskip("pyarrow", reason="the premise: Ray would import pyarrow")
-    code = PROBE.format(before="").replace("applied = lean_serialization()", "applied = None")
-    code = code.replace('"again": lean_serialization(), ', "")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = probe(lean=False)
     assert "pyarrow" in got["imported"] and "pyarrow" in got["registered"], got
 
 
@@ -78,8 +74,10 @@ before = serialization_addons.apply
 user = ray_lean.lean_if_own()  # a user's process (the Python API): untouched
 untouched = serialization_addons.apply is before
 ray_lean.own_process()  # what segue's entry points say
-print(json.dumps({"user": user, "untouched": untouched, "own": ray_lean.lean_if_own(),
-                  "replaced": serialization_addons.apply is not before}))
+own = ray_lean.lean_if_own()
+hook = serialization_addons.apply
+print(json.dumps({"user": user, "untouched": untouched, "own": own, "replaced": hook is not before,
+                  "once": ray_lean.lean_if_own() and serialization_addons.apply is hook}))
 """
 
 
@@ -87,4 +85,4 @@ def test_only_segues_own_processes_are_made_lean() -> None:
     out = subprocess.run([sys.executable, "-c", OWNER], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {"user": False, "untouched": True, "own": True, "replaced": True}
+    assert got == {"user": False, "untouched": True, "own": True, "replaced": True, "once": True}
