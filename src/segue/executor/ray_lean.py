@@ -29,9 +29,6 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-# What Ray's apply() imports, by the module whose presence says the process uses it.
-LIBRARIES = ("pydantic", "starlette", "pyarrow")
-
 _own = False  # set by segue's own entry points
 
 
@@ -47,24 +44,24 @@ def lean_if_own() -> bool:
     return lean_serialization() if _own else False
 
 
-def _registrars() -> dict[str, Any] | None:
-    """Ray's own registration function per library, or None where this Ray has others."""
-    try:
-        from ray.util import serialization_addons as addons
+def _registrars(addons: Any) -> dict[str, Any] | None:
+    """Ray's own registration function per library (by the module whose presence says
+    a process uses it), or None where this Ray has others."""
 
-        def pydantic(context: Any) -> None:
-            from ray._common.pydantic_compat import register_pydantic_serializers
+    def pydantic(context: Any) -> None:
+        from ray._common.pydantic_compat import register_pydantic_serializers
 
-            register_pydantic_serializers(context)
+        register_pydantic_serializers(context)
 
-        def pyarrow(context: Any) -> None:
-            from ray._private.arrow_serialization import _register_custom_datasets_serializers
+    def pyarrow(context: Any) -> None:
+        from ray._private.arrow_serialization import _register_custom_datasets_serializers
 
-            _register_custom_datasets_serializers(context)
+        _register_custom_datasets_serializers(context)
 
-        return {"pydantic": pydantic, "starlette": addons.register_starlette_serializer, "pyarrow": pyarrow}
-    except (ImportError, AttributeError):
+    starlette = getattr(addons, "register_starlette_serializer", None)
+    if starlette is None:
         return None
+    return {"pydantic": pydantic, "starlette": starlette, "pyarrow": pyarrow}
 
 
 def lean_serialization() -> bool:
@@ -79,15 +76,15 @@ def lean_serialization() -> bool:
         return False
     if getattr(original, "segue_lean", False):
         return True
-    registrars = _registrars()
+    registrars = _registrars(addons)
     if registrars is None:
         return False
 
     def apply(context: Any) -> None:
         try:
-            for name in LIBRARIES:
+            for name, register in registrars.items():
                 if name in sys.modules:
-                    registrars[name](context)
+                    register(context)
         except (ImportError, AttributeError):  # another Ray inside: its own way, whole
             original(context)
 
