@@ -12,6 +12,7 @@ format errors live here too.
     │   ├── FlowError                     2  missing flow file, syntax error, cycle, bad declaration
     │   ├── ParamError                    2  unknown parameter or a value of the wrong type
     │   ├── UnknownRunError               2  no run with that id in this home
+    │   ├── NotFoundError                 2  no step, attempt or token of that name (HTTP 404)
     │   ├── RunExistsError                2  --run-id names a run that already exists
     │   ├── CodeChangedError              2  resume refused: the flow's code changed
     │   ├── RunStateError                 2  the run's state refuses the command (resume a
@@ -22,7 +23,9 @@ format errors live here too.
     ├── ConflictError                     4  the run changed under the command (another process
     │   │                                    moved it at the same moment); the store is
     │   │                                    consistent: look at `segue status` and retry
-    │   └── IllegalTransitionError        4  a state change the transition table forbids
+    │   ├── IllegalTransitionError        4  a state change the transition table forbids
+    │   └── StoreBusyError                4  another process held the store's write lock past
+    │                                        the busy timeout; nothing was written: retry
     ├── FencedError                       1  this attempt's epoch was superseded; it must stop
     ├── StoreError                        1  the metadata store is unusable (schema too new, ...)
     ├── CheckpointError                   1
@@ -35,6 +38,9 @@ format errors live here too.
     │   ├── DeadLetterThresholdError      1  too many records failed (count or rate)
     │   ├── PositionError                 1  a saved position does not fit its source
     │   ├── StagedOutputLostError         1  a committed checkpoint names staged output that is gone
+    │   ├── IncompleteInputError          1  a data step reached its end short of its input (a bug:
+    │   │                                    the run fails instead of succeeding without records)
+    │   ├── MissingInputError             1  a file source's path, directory or glob names no file
     │   └── SinkOwnedError                1  a sink's directory or table belongs to another run
     ├── WaitTimeoutError                  1  a wait for a run's state ran past its timeout
     └── InjectedFault                     1  raised by a fault point (tests only)
@@ -50,7 +56,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1  # the run failed or was cancelled, or the command hit an operational error
 EXIT_USAGE = 2  # bad input or a refused command; nothing written
 EXIT_PAUSED = 3  # the run ended PAUSED
-EXIT_CONFLICT = 4  # the run changed under the command; retry after `segue status`
+EXIT_CONFLICT = 4  # the run changed under the command, or the store stayed busy; retry
 
 
 class SegueError(Exception):
@@ -77,6 +83,10 @@ class UnknownRunError(UsageError):
     def __init__(self, run_id: str) -> None:
         super().__init__(f"unknown run {run_id!r}; `segue ls` lists the runs in this home")
         self.run_id = run_id
+
+
+class NotFoundError(UsageError):
+    """The run has no step (or attempt) of that name, or no token has it: a 404 over HTTP."""
 
 
 class RunExistsError(UsageError):
@@ -140,6 +150,14 @@ class IllegalTransitionError(ConflictError):
         self.to_state = to_state
 
 
+class StoreBusyError(ConflictError):
+    """Another process held the metadata store's write lock past the busy timeout.
+
+    Exit 4 as its parent: another process was in the way, nothing was written
+    and a retry can succeed. The controller waits these out (``run.outage``).
+    """
+
+
 class FencedError(SegueError):
     """The caller's epoch is no longer current: a newer attempt owns the task."""
 
@@ -182,17 +200,32 @@ class DataError(SegueError):
     segue_retryable = False
 
 
+_INPUT_POLICY_DOES = {"include-new": "also read what was added",
+                      "pin": "read the input as it was when the run began"}
+
+
 class InputChangedError(DataError):
-    def __init__(self, step: str, changes: list[str]) -> None:
+    """The input differs from its pinned snapshot and the run's policy cannot go on.
+
+    ``accepts``: the other ``on_input_change`` policies that would go on with
+    these changes; only those are offered, in the CLI's spelling. ``note``
+    says why include-new is not among them, where it is not.
+    """
+
+    def __init__(self, step: str, changes: list[str], *, accepts: tuple[str, ...] = (),
+                 note: str = "") -> None:
         shown = "; ".join(changes[:10]) + (
             f"; and {len(changes) - 10} more" if len(changes) > 10 else ""
         )
-        super().__init__(
-            f"input of step {step!r} changed since the run began ({shown}); restore it, or resume "
-            f"with on_input_change='pin' (keep the original files) or 'include-new'"
-        )
+        offers = " or ".join(f"`--on-input-change {p}` ({_INPUT_POLICY_DOES[p]})" for p in accepts)
+        hint = (f"restore it, or resume with {offers}" if offers else
+                f"restore it, or start the step over with `--restart-step {step}` (this discards "
+                f"what it published)")
+        super().__init__(f"input of step {step!r} changed since the run began ({shown}); {hint}"
+                         + (f"; {note}" if note else ""))
         self.step = step
         self.changes = changes
+        self.accepts = accepts
 
 
 class DeadLetterThresholdError(DataError):
@@ -214,6 +247,31 @@ class PositionError(DataError):
 
 class StagedOutputLostError(DataError):
     """A committed checkpoint names staged output that is neither staged nor published."""
+
+
+class IncompleteInputError(DataError):
+    """A data step reached its end having read less of its input than its shards hold.
+
+    Checked before the step's last checkpoint commits, so a run can never end
+    SUCCEEDED with records missing; the output published so far stays, and the
+    step's committed position says where it stood.
+    """
+
+    def __init__(self, step: str, unit: str, read: float, total: float) -> None:
+        super().__init__(
+            f"step {step!r} reached its end having read {read:,.0f} of the {total:,.0f} {unit} its "
+            f"input holds; this is a bug in segue: the run is failed so no record is silently "
+            f"missing; report it with `segue events RUN`"
+        )
+        self.step, self.unit, self.read, self.total = step, unit, read, total
+
+
+class MissingInputError(DataError):
+    """A file source's exact path does not exist, or its directory or glob holds no file.
+
+    Raised by the listing every snapshot starts with (and by ``segue run``'s
+    probe of a declared source), so an empty input never succeeds with 0 records.
+    """
 
 
 class SinkOwnedError(DataError):

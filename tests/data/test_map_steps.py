@@ -70,11 +70,11 @@ def test_changed_input_is_detected_and_pinning_resumes(segue: Segue, tmp_path: P
     assert segue("pause", "pin", "--wait").returncode == 0
     with open(inp, "a") as f:  # someone appends to the input while the run is paused
         f.write(json.dumps({"k": 10**6, "v": "late"}) + "\n")
-    proc = segue("resume", "pin")
-    assert proc.returncode == 1
-    err = segue.step("pin", "upper")["error"]
-    assert err.startswith("InputChangedError: input of step 'upper' changed since the run began (")
-    assert "data.jsonl" in err
+    proc = segue("resume", "pin")  # refused before anything is written (exit 2)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("segue: resume of run 'pin' refused: input of step 'upper' changed "
+                                  "since the run began (")
+    assert "data.jsonl" in proc.stderr and segue.status("pin")["state"] == "PAUSED"
     proc = segue("resume", "pin", "--on-input-change", "pin")
     assert proc.returncode == 0, proc.stderr
     out = [json.loads(line) for p in sorted((tmp_path / "out").glob("part-*")) for line in p.read_text().splitlines()]

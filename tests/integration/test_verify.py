@@ -90,7 +90,7 @@ def test_stopping_verify_leaves_no_controller_and_no_sandbox(segue: Segue, tmp_p
             if not boxes or not (boxes[0] / "faulted" / ".segue" / "segue.db").exists():
                 return None
             faulted.env["SEGUE_HOME"] = str(boxes[0] / "faulted" / ".segue")
-            got = faulted("status", "verify", "--json")
+            got = faulted("status", "verify-faulted", "--json")
             if got.returncode != 0:
                 return None
             doc = json.loads(got.stdout)

@@ -409,7 +409,7 @@ def test_an_urgent_step_preempts_exactly_one_sharer_which_resumes(segue: Segue, 
     # Paused, it waits for its 40 GB to come back, and says so (once its controller has
     # seen the urgent step placed; before, it waited behind the urgent step's request).
     why = "preempted; waiting for 40 GiB on 1 gpu (best free: 16 GiB on gpu 0)"
-    wait_for(lambda: [q for q in segue.json("queue") if q["run_id"] == victim and q["reason"] == why],
+    wait_for(lambda: [q for q in segue.json("queue") if q["run_id"] == victim and q["reason"].startswith(why)],
              120, "the victim to wait for its memory")
     gates["hi"].touch()  # the urgent step ends: the victim resumes by itself
     segue.wait_state("hi", {"SUCCEEDED"}, 120)

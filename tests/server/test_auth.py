@@ -108,7 +108,7 @@ def test_bad_input_is_4xx_and_writes_nothing(api: TestClient, tokens: dict[str, 
     before = sorted(str(p.relative_to(home.root)) for p in home.root.rglob("*") if "segue.db" not in p.name)
     r = api.get("/api/runs/nope", headers=h)
     assert r.status_code == 404 and r.json() == {
-        "error": "unknown run 'nope'; `segue ls` lists the runs in this home", "type": "UnknownRunError"}
+        "error": "unknown run 'nope'; GET /api/runs lists the runs in this home", "type": "UnknownRunError"}
     for bad in ("..", "a/../../etc", "%2e%2e%2fetc", "x%0Ay"):
         assert api.get(f"/api/runs/{bad}", headers=h).status_code in (400, 404), bad
     assert api.get("/api/runs/nope/steps/..%2f..%2fsegue.db/output", headers=h).status_code in (400, 404)

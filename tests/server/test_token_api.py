@@ -85,7 +85,7 @@ def test_admins_create_and_revoke_tokens_through_the_api(tmp_path: Path, _test_p
                 assert r.status_code == code, (body, r.status_code, r.text)
                 assert "\n" not in r.json()["error"]
             r = c.delete("/api/tokens/nobody", headers=own)
-            assert r.status_code == 400 and "no token named 'nobody'" in r.json()["error"]
+            assert r.status_code == 404 and "no token named 'nobody'" in r.json()["error"]
         assert (srv.home / "tokens.json").read_bytes() == before
 
 

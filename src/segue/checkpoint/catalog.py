@@ -143,6 +143,9 @@ def describe_tree(m: Manifest) -> list[tuple[str, str]]:
         elif tag in ("tuple", "odict"):
             items = node["items"]
             walk(items, path)
+        elif tag == "idict":  # int keys: an optimizer's per-parameter state, tensors inside
+            for k, x in zip(node["keys"], node["values"], strict=False):
+                walk(x, f"{path}[{k}]")
         else:
             rows.append((path, tag))
 

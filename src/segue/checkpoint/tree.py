@@ -3,7 +3,8 @@
 JSON holds dicts with str keys, lists, str, int, finite floats, bool and None.
 Everything else is a tagged dict ``{"__segue__": <tag>, ...}``: tuples, nan/inf,
 bytes, numpy scalars, numpy generators, and references to arrays (stored in the
-tensor file) or to pickled blobs. Pickle is used only when the caller passes
+tensor file) or to pickled blobs. A data loader or sampler (``_stateful``) is stored
+as its ``state_dict()`` and comes back as that dict. Pickle is used only when the caller passes
 ``allow_pickle=True``; decoding never unpickles otherwise. Types are matched
 exactly so that what comes back is what went in; anything else raises
 :class:`~segue.errors.StateTypeError` naming where it is in the tree.
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._lazy import numpy_on_first_use
 from ..errors import CheckpointError, StateTypeError
-from . import _jax, _torch
+from . import _jax, _stateful, _torch
 
 if TYPE_CHECKING:
     import numpy as np
@@ -152,6 +153,9 @@ class _Encoder:
             if host is None:
                 return self.opaque(v, path, f"holds a sharded or {v.dtype} JAX array")
             return {TAG: "jax", "ref": self.array(*host)}
+        sd = _stateful.state_of(v)  # a data loader or sampler: its state_dict() is its state
+        if sd is not None:
+            return self.encode(sd, (path, ".state_dict()"))
         return self.opaque(v, path, f"holds a {_type_name(v)}")
 
     def _numpy_value(self, npm: Any, v: Any, t: type, path: Path) -> Any:

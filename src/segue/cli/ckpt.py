@@ -3,7 +3,8 @@
 PATH is a local directory or an fsspec URL: a checkpoint, or a directory of them.
 This module only parses and prints. Wire it with ``ckpt.add_parser(sub)`` and
 ``COMMANDS["ckpt"] = ckpt.cmd_ckpt``. PATH may also be the directory given to
-``CheckpointManager`` (its checkpoints are under ``checkpoints/``).
+``CheckpointManager`` (its checkpoints are under ``checkpoints/``), or where runs
+keep theirs (HOME/data, a ``--checkpoints`` URL: each ``runs/RUN/STEP/ckpt`` in turn).
 
 Exit codes, as for every segue command: 0 ok; 1 a checkpoint failed verification,
 or PATH holds no checkpoint (a line on stderr says so: a check that found nothing
@@ -22,6 +23,11 @@ if TYPE_CHECKING:  # the checkpoint engine (NumPy) is imported by the commands, 
     from ..checkpoint.storage import CheckpointStorage
 from ..errors import UsageError
 
+# Where runs keep checkpoints is documented once: docs/ARCHITECTURE.md.
+PATH_HELP = ("a checkpoint, a directory of them, the directory given to CheckpointManager, a run "
+             "id, or where runs keep their checkpoints: HOME/data, or the run's --checkpoints URL "
+             "(see \"Where a run's checkpoints live\" in docs/ARCHITECTURE.md)")
+
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -29,15 +35,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="ckpt_cmd", required=True)
     ls = sub.add_parser("ls", help="list the checkpoints under PATH")
-    ls.add_argument("path")
-    ls.add_argument("--json", action="store_true")
+    ls.add_argument("path", help=PATH_HELP)
+    ls.add_argument("--json", action="store_true", help="as one JSON array")
     ins = sub.add_parser("inspect", help="tree, dtypes and sizes of a checkpoint (or the newest)")
-    ins.add_argument("path")
+    ins.add_argument("path", help=PATH_HELP)
     ins.add_argument("--json", action="store_true")
     ver = sub.add_parser("verify", help="check every hash of a checkpoint, or of all under PATH")
-    ver.add_argument("path")
+    ver.add_argument("path", help=PATH_HELP)
     pr = sub.add_parser("prune", help="delete checkpoints the retention policy does not keep")
-    pr.add_argument("path")
+    pr.add_argument("path", help="a directory of checkpoints, or the directory given to CheckpointManager")
     pr.add_argument("--keep-last", type=int, required=True, metavar="N")
     pr.add_argument("--keep-every", type=int, default=None, metavar="K")
     pr.add_argument("--dry-run", action="store_true")
@@ -66,11 +72,14 @@ def _nothing_found(path: str) -> int:
     return 1
 
 
-def cmd_ls(a: argparse.Namespace) -> int:
+def cmd_ls(a: argparse.Namespace, paths: list[str] | None = None) -> int:
+    """``paths``: list these directories instead of PATH, as one listing."""
     from ..checkpoint import catalog
 
-    storage, rel, is_ckpt = _locate(a.path)
-    rows = [catalog.summarize(storage, rel)] if is_ckpt else catalog.list_checkpoints(storage, rel)
+    rows: list[Any] = []
+    for path in paths if paths is not None else [a.path]:
+        storage, rel, is_ckpt = _locate(path)
+        rows += [catalog.summarize(storage, rel)] if is_ckpt else catalog.list_checkpoints(storage, rel)
     if a.json:
         print(json.dumps([r if isinstance(r, str) else r.__dict__ for r in rows], default=list))
     if not rows:
@@ -152,6 +161,47 @@ def cmd_prune(a: argparse.Namespace) -> int:
 HANDLERS = {"ls": cmd_ls, "inspect": cmd_inspect, "verify": cmd_verify, "prune": cmd_prune}
 
 
+def run_storage_dirs(path: str) -> list[str] | None:
+    """The step checkpoint directories (``runs/RUN/STEP/ckpt``) under a runs' storage
+    directory (HOME/data, a ``--checkpoints`` location), its ``runs/`` or one run's
+    directory; None when PATH is none of those, or holds checkpoints of its own."""
+    from ..checkpoint import catalog
+    from ..checkpoint.io import list_dir_checkpoints
+
+    if "://" not in path and not os.path.isdir(path):
+        return None  # _locate says what is wrong with it
+    text = (path if "://" in path else os.path.abspath(path)).rstrip("/") or "/"
+    storage = catalog.open_storage(text)
+    if storage.exists(catalog.MANIFEST_NAME) or any(
+            list_dir_checkpoints(storage, p) for p in ("", catalog.MANAGER_PREFIX)):
+        return None
+    parts = text.split("/")
+    if "runs" in storage.listdir(""):
+        runs = [f"runs/{r}" for r in storage.listdir("runs")]
+    elif parts[-1] == "runs":
+        runs = storage.listdir("")
+    elif len(parts) > 1 and parts[-2] == "runs":
+        runs = [""]
+    else:
+        return None
+    steps = [f"{r}/{s}/ckpt".lstrip("/") for r in runs for s in storage.listdir(r)]
+    return [f"{text}/{d}" for d in steps if list_dir_checkpoints(storage, d)]
+
+
 def cmd_ckpt(a: argparse.Namespace, home: object = None) -> int:
-    """Dispatch ``segue ckpt <sub>``; ``home`` is unused (paths are explicit)."""
-    return HANDLERS[a.ckpt_cmd](a)
+    """Dispatch ``segue ckpt <sub>``; ``home`` is unused (paths are explicit). PATH may be
+    where runs keep their checkpoints (HOME/data): each step's directory in turn."""
+    dirs = run_storage_dirs(a.path)
+    if dirs is None:
+        return HANDLERS[a.ckpt_cmd](a)
+    if a.ckpt_cmd == "prune":
+        raise UsageError(f"{a.path} holds runs' checkpoints, pruned by their steps' keep_checkpoints; "
+                         "pass one step's directory (runs/RUN/STEP/ckpt) to prune by hand")
+    if not dirs:
+        return _nothing_found(a.path)
+    if a.ckpt_cmd == "ls":  # one listing (one JSON array with --json)
+        return cmd_ls(a, dirs)
+    code = 0
+    for d in dirs:
+        code = max(code, HANDLERS[a.ckpt_cmd](argparse.Namespace(**{**vars(a), "path": d})))
+    return code

@@ -38,7 +38,9 @@ def failure_lines(run_id: str, step: dict[str, Any]) -> list[str]:
     f = step.get("last_failure")
     if not f or step["state"] == "SUCCEEDED":
         return []
-    out = [f"    attempt {f['attempt']} failed: {f['error']}"]
+    # Without a current error the failure is history: a later attempt runs or waits.
+    earlier = "" if step.get("error") else "earlier: "
+    out = [f"    {earlier}attempt {f['attempt']} failed: {f['error']}"]
     out += [f"    | {ln}" for ln in f.get("traceback_tail") or []]
     out.append(f"    full log: segue logs {run_id} {step['name']} --attempt {f['attempt']}")
     return out

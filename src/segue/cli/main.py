@@ -9,8 +9,9 @@ Exit codes (each error class has one; the table is in segue.errors):
        succeeded run, a second controller): one line on stderr, nothing written
     3  the run ended paused
     4  conflict: the run changed under the command (another process moved it
-       at the same moment); the store is consistent, check `segue status`
-       and retry
+       at the same moment), or the metadata store stayed busy (another process
+       held its write lock past $SEGUE_STORE_BUSY_TIMEOUT_S, 30 s by default);
+       nothing was half-written, check `segue status` and retry
   130  interrupted by ctrl-c outside a run (while loading a flow, say)
 """
 
@@ -41,6 +42,7 @@ from . import bench_model as bench_model_cmd
 from . import ckpt_run, sched, verify
 from . import costs as costs_view
 from . import logs as logs_cmd
+from . import metrics as metrics_cmd
 from . import output as output_cmd
 from . import plan as plan_cmd
 from . import prices as prices_cmd
@@ -69,9 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True, parser_class=_Parser)
 
     r = sub.add_parser("run", help="start a run of FLOW.py")
-    r.add_argument("flow")
-    r.add_argument("--param", "-p", action="append", default=[], metavar="K=V")
-    r.add_argument("--run-id")
+    r.add_argument("flow", help="the flow file: a .py file that defines a segue.Flow")
+    r.add_argument("--param", "-p", action="append", default=[], metavar="K=V",
+                   help="set the flow parameter K to V, converted to its declared type "
+                        "(repeat for several)")
+    r.add_argument("--run-id", metavar="ID",
+                   help="the run's id: 1-64 letters, digits, '.', '_' or '-' "
+                        "(default: the flow's name, the date and time, a random suffix)")
     r.add_argument("--detach", action="store_true", help="run the controller in the background")
     r.add_argument("--pause-deadline", type=float, metavar="S",
                    help="seconds a task may take to park before it is killed (default 30)")
@@ -117,9 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     pa.add_argument("--timeout", type=float, default=None, metavar="S")
 
     rs = sub.add_parser("resume", help="continue a paused, failed or orphaned run")
-    rs.add_argument("run")
-    rs.add_argument("--detach", action="store_true")
-    rs.add_argument("--allow-code-change", action="store_true")
+    rs.add_argument("run", help="the id of the run to continue")
+    rs.add_argument("--detach", action="store_true", help="run the controller in the background")
+    rs.add_argument("--allow-code-change", action="store_true",
+                    help="resume even though the flow file changed since the run began "
+                         "(its checkpoints must still fit the new code)")
     rs.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
                     help="data steps: what to do when the input changed since the run began "
                          "(stored with the run)")
@@ -142,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     ckpt_run.add_parser(sub)
     output_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
+    metrics_cmd.add_parser(sub)
     prices_cmd.add_parser(sub)
     plan_cmd.add_parser(sub)
     bench_model_cmd.add_parser(sub)
@@ -151,11 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _foreground(client: LocalClient, run_id: str, reason: str) -> int:
+def _foreground(client: LocalClient, run_id: str, reason: str, *, after: int = 0) -> int:
     interrupts = Interrupts()
     signal.signal(signal.SIGINT, lambda s, f: interrupts.hit(s))
     signal.signal(signal.SIGTERM, lambda s, f: interrupts.hit(s))  # events say SIGTERM, not ctrl-c
-    with RunDisplay(client.store, run_id) as display:
+    with RunDisplay(client.store, run_id, after=after) as display:
         final = client.drive(run_id, reason=reason, on_tick=display, interrupts=interrupts)
     print(f"run {run_id} {final.value}")
     if final == RunState.PAUSED:
@@ -196,7 +205,9 @@ def cmd_resume(a: argparse.Namespace, client: LocalClient) -> int:
                           on_input_change=a.on_input_change)
     if a.detach:
         return _detached(client, a.run, allow_code_change=a.allow_code_change)
-    return _foreground(client, a.run, "resumed by the operator")
+    # Print from this resume's request on, not the run's history (`segue events` has it).
+    asked = client.store.list_events(a.run, kinds=("command",))
+    return _foreground(client, a.run, "resumed by the operator", after=asked[-1].id - 1 if asked else 0)
 
 
 def cmd_pause(a: argparse.Namespace, client: LocalClient) -> int:
@@ -222,7 +233,7 @@ def cmd_status(a: argparse.Namespace, client: LocalClient) -> int:
     if a.json:
         print_json(doc)
         return 0
-    print(f"run {doc['run_id']}  {doc['state']}  flow {doc['flow']}")
+    print(f"run {doc['run_id']}  {doc['shown'] or doc['state']}  flow {doc['flow']}")
     if doc.get("problem"):
         print(f"  {doc['problem']}")
     for s in doc["steps"]:
@@ -288,7 +299,7 @@ def cmd_checkpoints(a: argparse.Namespace, client: LocalClient) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "queue": sched.cmd_queue, "pool": sched.cmd_pool, "output": output_cmd.cmd_output,
-    "logs": logs_cmd.cmd_logs,
+    "logs": logs_cmd.cmd_logs, "metrics": metrics_cmd.cmd_metrics,
     "verify": lambda a, c: verify.cmd_verify(a, c.home, pool=c.pool_path),
     "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c.home),
     "prices": lambda a, c: prices_cmd.cmd_prices(a, c.home),

@@ -118,15 +118,24 @@ def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] 
     return table
 
 
-class RunDisplay:
-    """Called on every controller tick; throttled so drawing stays cheap."""
+def shown_live(e: Event) -> bool:
+    """Whether the live display prints ``e``: retention's "pruned" line per checkpoint
+    is noise there (`segue events` still lists it)."""
+    return not (e.kind == "checkpoint" and e.to_state == "pruned")
 
-    def __init__(self, store: Store, run_id: str, console: Console | None = None) -> None:
+
+class RunDisplay:
+    """Called on every controller tick; throttled so drawing stays cheap.
+
+    ``after``: the id of the last event not to print (a resumed run's history)."""
+
+    def __init__(self, store: Store, run_id: str, console: Console | None = None, *,
+                 after: int = 0) -> None:
         self.store = store
         self.run_id = run_id
         self.console = console
         self.live: Live | None = None
-        self.last_event = 0
+        self.last_event = after
         self.last_draw = 0.0
 
     def __enter__(self) -> RunDisplay:
@@ -153,6 +162,8 @@ class RunDisplay:
     def flush_events(self) -> None:
         for e in self.store.list_events(self.run_id, after_id=self.last_event):
             self.last_event = e.id
+            if not shown_live(e):
+                continue
             if self.live is not None:
                 self.live.console.print(event_line(e), markup=False, highlight=False)
             else:

@@ -79,8 +79,7 @@ def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | str | None = N
     if a.json:
         print_json(doc)
     else:
-        verdict = "IDENTICAL" if rep.identical else "DIFFERENT"
-        print(f"verify: {verdict}" + ("" if rep.enough_faults else " (NOT PROVEN: too few faults landed)"))
+        print(f"verify: {rep.verdict}" + ("" if rep.enough_faults else " (NOT PROVEN: too few faults landed)"))
         print(f"  faults planned {rep.planned} {doc['faults_planned']}, landed {rep.landed} "
               f"{doc['faults_landed']}, needed {doc['min_faults']}")
         for f in doc["faults_missed"]:
@@ -93,6 +92,8 @@ def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | str | None = N
             print(f"  e.g. {ex}")
         print(f"  clean {doc['clean_s']}s, faulted {doc['faulted_s']}s, time lost to recovery "
               f"{doc['time_lost_to_recovery_s']}s (work redone {doc['work_redone_s']}s)")
+    for line in rep.problems():  # a comparison that proved nothing is a failure, never IDENTICAL
+        print(f"segue: {line}", file=sys.stderr)
     if rep.identical and not rep.enough_faults:
         print(f"segue: only {rep.landed} of {rep.planned} faults landed (needed {doc['min_faults']}); "
               f"use a longer run or allow fewer with --min-faults", file=sys.stderr)

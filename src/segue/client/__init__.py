@@ -25,6 +25,7 @@ from .records import (
     CheckpointRecord,
     DeviceView,
     Event,
+    MetricPoint,
     PoolChange,
     PoolView,
     QueueEntry,
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from .local import LocalClient as LocalClient
 
 __all__ = [
-    "FINISHED", "RESTING", "BaseClient", "CheckpointRecord", "Client", "DeviceView", "Event", "PoolChange",
-    "PoolView", "QueueEntry", "RunStatus", "RunSummary", "StepStatus",
+    "FINISHED", "RESTING", "BaseClient", "CheckpointRecord", "Client", "DeviceView", "Event", "MetricPoint",
+    "PoolChange", "PoolView", "QueueEntry", "RunStatus", "RunSummary", "StepStatus",
 ]
 
 

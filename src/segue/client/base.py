@@ -17,6 +17,7 @@ from ..states import RunState
 from .records import (
     CheckpointRecord,
     Event,
+    MetricPoint,
     PoolChange,
     PoolView,
     QueueEntry,
@@ -98,6 +99,14 @@ class BaseClient(ABC):
     @abstractmethod
     def checkpoints(self, run: str) -> list[CheckpointRecord]:
         """Every checkpoint the run committed, quarantined and pruned ones included."""
+
+    @abstractmethod
+    def metrics(self, run: str, step: str | None = None, *,
+                since: float | None = None) -> list[MetricPoint]:
+        """What the run's steps logged with ``ctx.log_metrics`` (one step's if given;
+        written after ``since``, a store time, if given): one point per (step, name,
+        index), in step order, then by name and index. A value is None where the
+        step logged NaN or an infinity."""
 
     @abstractmethod
     def output(self, run: str, step: str) -> Any:

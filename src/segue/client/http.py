@@ -18,6 +18,7 @@ from .base import BaseClient, check_changes_limit
 from .records import (
     CheckpointRecord,
     Event,
+    MetricPoint,
     PoolChange,
     PoolView,
     QueueEntry,
@@ -25,6 +26,7 @@ from .records import (
     RunSummary,
     checkpoint_from_json,
     event_from_json,
+    metric_point_from_json,
     pool_change_from_json,
 )
 
@@ -160,6 +162,12 @@ class HttpClient(BaseClient):
 
     def checkpoints(self, run: str) -> list[CheckpointRecord]:
         return [checkpoint_from_json(c) for c in self._call("GET", self._run(run) + "/checkpoints")]
+
+    def metrics(self, run: str, step: str | None = None, *,
+                since: float | None = None) -> list[MetricPoint]:
+        params = {k: v for k, v in (("step", step), ("since", since)) if v is not None}
+        return [metric_point_from_json(p) for p in
+                self._call("GET", self._run(run) + "/metrics", params=params)]
 
     def output(self, run: str, step: str) -> Any:
         return self._call("GET", f"{self._run(run)}/steps/{quote(step, safe='')}/output")["value"]

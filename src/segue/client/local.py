@@ -14,13 +14,14 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import SegueError, UsageError, WaitTimeoutError
+from ..errors import NotFoundError, SegueError, UsageError, WaitTimeoutError
 from ..flow import LoadedFlow, load_flow, parse_duration
 from ..flow.model import parse_memory
 from ..home import Home
 from ..hostname import this_host
 from ..run import ops
 from ..run.options import RunOptions
+from ..run.resume_inputs import check_inputs
 from ..scheduler.policy import parse_priority
 from ..scheduler.pricing import Prices
 from ..states import Actor, RunState
@@ -32,6 +33,7 @@ from .records import (
     CheckpointRecord,
     DeviceView,
     Event,
+    MetricPoint,
     PoolChange,
     PoolView,
     QueueEntry,
@@ -225,6 +227,8 @@ class LocalClient(BaseClient):
         loaded = load_flow(record.flow_path)
         ops.check_code(record, loaded, allow_code_change)
         ops.check_no_live_controller(record, store.now())
+        # A data step's changed input is refused here (exit 2), not at its start.
+        check_inputs(self.home, store, record, loaded, on_input_change=on_input_change, skip=restart_step)
         record = ops.apply_resume_choices(store, record, restart_step=restart_step,
                                           on_input_change=on_input_change, actor=self.actor)
         ops.clear_preemption(store, record.run_id)  # the operator resumes it now, not the scheduler
@@ -309,6 +313,17 @@ class LocalClient(BaseClient):
         store = self._reading()
         store.get_run(run)
         return store.list_checkpoints(run, statuses=("committed", "quarantined", "pruned"))
+
+    def metrics(self, run: str, step: str | None = None, *,
+                since: float | None = None) -> list[MetricPoint]:
+        store = self._reading()
+        if step is not None:
+            from ..run.logs import check_step
+
+            steps = [t.step for t in store.get_tasks(run)]
+            if check_step(step) not in steps:
+                raise NotFoundError(f"run {run!r} has no step {step!r}; its steps: {', '.join(steps)}")
+        return store.get_metrics(run, step, since=since)
 
     def output(self, run: str, step: str, *, allow_pickle: bool = False, as_json: bool = True) -> Any:
         """The step's return value; ``as_json=False`` keeps arrays as arrays."""
@@ -425,13 +440,18 @@ class LocalClient(BaseClient):
 
     def queue(self) -> list[QueueEntry]:
         from ..scheduler.policy import priority_name
+        from ..scheduler.views import pinned_holders
 
         now = time.time()
+        pool = self._open_pool()
+        requests = pool.list_requests()
+        hosts = {r.host for r in requests}  # the reason names who holds the devices now
+        held = {h: (pool.list_allocations(h), pool.get_host(h)) for h in hosts}
         return [QueueEntry(
             home=r.home, run_id=r.run_id, step=r.step, host=r.host, priority=r.priority,
             priority_class=priority_name(r.priority), needs=r.need.describe(),
-            waiting_s=round(now - r.submitted_at, 3), reason=r.reason,
-        ) for r in self._open_pool().list_requests()]
+            waiting_s=round(now - r.submitted_at, 3), reason=r.reason + pinned_holders(r, *held[r.host]),
+        ) for r in requests]
 
     def __repr__(self) -> str:
         return f"LocalClient({str(self.home.root)!r})"

@@ -3,7 +3,7 @@
 Every record converts both ways (``to_json`` / ``from_json``), so a client
 talking to a home and one talking to `segue server` return equal records:
 the server sends ``to_json()`` and the HTTP client rebuilds the record.
-Events and checkpoints are the store's own records (``segue.store.base``), and
+Events, checkpoints and metric points are the store's own records (``segue.store.base``), and
 so are pool changes (``segue.store.pool``).
 """
 
@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..states import RunState
-from ..store.base import CheckpointRecord, Event
+from ..store.base import CheckpointRecord, Event, MetricPoint
 from ..store.pool import PoolChange
 
 __all__ = [
-    "CheckpointRecord", "DeviceView", "Event", "PoolChange", "PoolView", "QueueEntry", "RunStatus",
-    "RunSummary", "StepStatus", "checkpoint_from_json", "event_from_json", "pool_change_from_json",
+    "CheckpointRecord", "DeviceView", "Event", "MetricPoint", "PoolChange", "PoolView", "QueueEntry",
+    "RunStatus", "RunSummary", "StepStatus", "checkpoint_from_json", "event_from_json",
+    "metric_point_from_json", "pool_change_from_json",
 ]
 
 
@@ -58,6 +59,11 @@ class StepStatus:
     error: str | None
     waiting_for: str | None  # why the step waits for devices, when it does
     last_failure: dict[str, Any] | None  # the traceback tail of the last failed attempt
+    # While RUNNING: the attempt's last heartbeat (store clock); None from older servers.
+    last_heartbeat: float | None = None
+    # Errors of earlier attempts, oldest first ({"time", "epoch", "attempt", "error"});
+    # ``error`` is only the one that put the step in its state.
+    earlier_errors: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepStatus:
@@ -80,6 +86,7 @@ class RunStatus:
     problem: str | None  # set when the run looks alive but nothing drives it
     steps: list[StepStatus]
     accounting: dict[str, Any]  # every figure is defined in docs/accounting.md
+    shown: str = ""  # what `segue ls` shows: the state, or "WAITING (batch)"; "" from older servers
 
     def step(self, name: str) -> StepStatus:
         for s in self.steps:
@@ -165,6 +172,10 @@ def event_from_json(d: dict[str, Any]) -> Event:
 
 def checkpoint_from_json(d: dict[str, Any]) -> CheckpointRecord:
     return CheckpointRecord(**_known(CheckpointRecord, d))
+
+
+def metric_point_from_json(d: dict[str, Any]) -> MetricPoint:
+    return MetricPoint(**_known(MetricPoint, d))
 
 
 def pool_change_from_json(d: dict[str, Any]) -> PoolChange:

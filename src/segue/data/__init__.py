@@ -16,6 +16,7 @@ from .driver import Limits, MapRun, run_map
 from .errors import (
     DataError,
     DeadLetterThresholdError,
+    IncompleteInputError,
     InputChangedError,
     PositionError,
     StagedOutputLostError,
@@ -48,6 +49,7 @@ __all__ = [
     "FileSource",
     "GangReader",
     "GangSampler",
+    "IncompleteInputError",
     "InputChangedError",
     "JsonlSink",
     "JsonlSource",

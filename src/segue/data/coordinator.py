@@ -123,7 +123,12 @@ class ParallelMapRun(MapRun):
             self.sink_states: list[Any] = [None] * self.n
             self.dead_states: list[Any] = [None] * self.n
         else:
+            # include-new appends the new inputs' shards after the pinned ones: they are
+            # in no saved queue or slot yet, so they join the queue's end here.
             self.queue = list(state["queue"])
+            if self.pin != state["pin"]:
+                known = {s.key for s in self.source.shards(state["pin"])}
+                self.queue += [s.to_json() for s in self.shards if s.key not in known]
             self.finished = float(state["finished"])
             self.splits = int(state["splits"])
             self.sink_states, self.dead_states = state["sinks"], state["dead"]
@@ -160,6 +165,7 @@ class ParallelMapRun(MapRun):
             for i in list(self.starting):  # not opened: nothing of theirs is committed
                 self.starting.pop(i)
                 self.pool.remove(i)
+            self._check_read_all()
             self._barrier(done=True)
             for i in self.live:
                 self.pool.send(i, ("finish",))

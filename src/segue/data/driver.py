@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..run.park import Park
-from .errors import DeadLetterThresholdError
+from .errors import DeadLetterThresholdError, IncompleteInputError
 from .operators import Operator, operator, record_bytes
 from .sinks.base import Scope, Sink
 from .sinks.files import JsonlSink
@@ -204,6 +204,7 @@ class MapRun:
             state = self._restore()
             if state is None or not state.get("done"):
                 self._loop()
+                self._check_read_all()
                 self._commit(len(self.shards), None, done=True)
             self.sink.finish()
             self.dead.finish()
@@ -267,6 +268,20 @@ class MapRun:
             # function processes these records again.
             raise DeadLetterThresholdError(self.ctx.step, f, n, f"{why}; last error: {self.last_error}",
                                            self.dead.describe())
+
+    def _check_read_all(self) -> None:
+        """Refuse to end the step short of its input: the last checkpoint would say done.
+
+        Every shard's units (bytes or records) are counted as they are read, and
+        a resume restores the count with the position, so at the end the count
+        equals the input's size (a JSONL shard may read past its end into the
+        next one, which then skips as much: only a shortfall is a loss).
+        """
+        if self.total is None:
+            return  # a source that cannot size its shards (SQL): its cursor walked them all
+        read = self.stats["bytes_in"] if self.unit == "bytes" else self.stats["records_in"]
+        if read < self.total:
+            raise IncompleteInputError(self.ctx.step, self.unit, read, self.total)
 
     # -- commit -----------------------------------------------------------------
     def _commit(self, shard_index: int, position: Position | None, done: bool = False) -> None:

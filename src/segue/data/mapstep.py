@@ -6,17 +6,21 @@ sub-worker, which loads the flow file and finds this declaration on the step
 function (``segue_map``): the user's function is never pickled.
 
 With a ``model`` (a :class:`segue.inference.ModelHandler`), the function is
-``fn(batch, model, params)`` over batches of the handler's size, and each
-process of the attempt loads the model once, on its first batch.
+``fn(batch, model)`` or ``fn(batch, model, params)`` over batches of the
+handler's size, and each process of the attempt loads the model once, on its
+first batch. A parameter named ``params`` gets the run's params, passed by
+name (:mod:`segue.flow.mapfn`), with or without a model.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..flow.mapfn import map_params
 from .operators import Operator, operator
 from .sinks.base import Sink
 from .sources.base import Source
@@ -42,11 +46,23 @@ class MapStep:
         d = self.dead_letter
         dead = d if d is None or isinstance(d, Sink) else d(ctx)
         if self.model is not None:
-            session = self.model.session(self.fn, ctx)
+            session = self.model.session(self._inference_fn(), ctx)
             op = operator("map_batches", session, batch_size=session.batch_size())
         else:
-            op = operator(self.kind, self.fn, batch_size=self.batch_size, batch_bytes=self.batch_bytes)
+            fn = self.fn
+            if map_params(fn, None) == "keyword":  # built here and in every sub-worker alike
+                fn = functools.partial(fn, params=dict(ctx.params))
+            op = operator(self.kind, fn, batch_size=self.batch_size, batch_bytes=self.batch_bytes)
         return src, op, snk, dead
+
+    def _inference_fn(self) -> Callable[[Any, Any, Any], Any]:
+        """The function as the model session calls it: ``(batch, model, params)``."""
+        fn, how = self.fn, map_params(self.fn, self.model)
+        if how == "positional":
+            return fn
+        if how == "keyword":
+            return lambda batch, model, params: fn(batch, model, params=params)
+        return lambda batch, model, params: fn(batch, model)
 
     def run(self, ctx: Any) -> dict[str, Any]:
         from .driver import READ_BATCH, effective_read_batch, home_dir, run_map

@@ -15,11 +15,26 @@ driver takes a new snapshot and reconciles the two under a policy:
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import InputChangedError
 
 POLICIES = ("fail", "pin", "include-new")
+# Said wherever include-new cannot go on, so nobody tries it on an appended file.
+NEW_FILES_ONLY = "include-new accepts new files only: a file that grew or was rewritten counts as modified"
+
+
+def _shown(field: str, old: Any, new: Any) -> str:
+    """``field old -> new``; an mtime (seconds) as an ISO date in UTC, as precise as it must be."""
+    if field != "mtime" or not all(isinstance(v, int | float) for v in (old, new)):
+        return f"{field} {old!r} -> {new!r}"
+
+    def iso(t: float, spec: str) -> str:
+        return datetime.fromtimestamp(t, UTC).isoformat(timespec=spec).replace("+00:00", "Z")
+
+    spec = "milliseconds" if iso(old, "milliseconds") != iso(new, "milliseconds") else "microseconds"
+    return f"mtime {iso(old, spec)} -> {iso(new, spec)}"
 
 
 def changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
@@ -30,7 +45,7 @@ def changes(old: dict[str, Any], new: dict[str, Any]) -> tuple[list[str], list[s
     modified = []
     for k, attrs in a.items():
         if k in b and b[k] != attrs:
-            diffs = ", ".join(f"{f} {attrs.get(f)!r} -> {b[k].get(f)!r}"
+            diffs = ", ".join(_shown(f, attrs.get(f), b[k].get(f))
                               for f in sorted(set(attrs) | set(b[k])) if attrs.get(f) != b[k].get(f))
             modified.append(f"modified {k} ({diffs})")
     return added, removed, modified
@@ -52,15 +67,22 @@ def reconcile(old: dict[str, Any], new: dict[str, Any], policy: str, step: str =
     added, removed, modified = changes(old, new)
     if not (added or removed or modified):
         return old
+    shrunk = _shrunk(old, new)
+    can = {"include-new": not (removed or modified), "pin": not (removed or shrunk)}
+
+    def refuse(shown: list[str]) -> InputChangedError:
+        accepts = tuple(p for p in ("include-new", "pin") if can[p] and p != policy)
+        return InputChangedError(step, shown, accepts=accepts,
+                                 note="" if can["include-new"] else NEW_FILES_ONLY)
+
     if policy == "fail":
-        raise InputChangedError(step, added + removed + modified)
+        raise refuse(added + removed + modified)
     if policy == "pin":
-        fatal = removed + _shrunk(old, new)
-        if fatal:
-            raise InputChangedError(step, fatal)
+        if not can["pin"]:
+            raise refuse(removed + shrunk)
         return old
-    if removed or modified:
-        raise InputChangedError(step, removed + modified)
+    if not can["include-new"]:
+        raise refuse(removed + modified)
     items = dict(old["items"])
     for k in new["items"]:
         if k not in items:

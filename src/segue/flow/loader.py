@@ -43,7 +43,12 @@ def changed_steps(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 def load_flow(path: str | Path) -> LoadedFlow:
     p = Path(path)
-    if not p.is_file():
+    try:
+        is_file = p.is_file()
+    except OSError as exc:  # e.g. a name too long: Path.is_file raises for it, not False
+        raise FlowError(f"flow file path cannot be used ({exc.strerror}); pass the path of a .py file "
+                        f"that defines a Flow") from None
+    if not is_file:
         raise FlowError(f"flow file {str(p)!r} does not exist; pass the path of a .py file that defines a Flow")
     p = p.resolve()
     try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from .._canon import digest
 from ..errors import FlowError
+from .mapfn import check_map_fn
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -318,8 +319,14 @@ class Flow:
         are those of :meth:`step` (after, retries, checkpoint_every...). The
         step's output is the run's counters. See docs/data.md.
 
+        The function is ``fn(record)`` (``fn(records)`` for map_batches); a
+        parameter named ``params`` also gets the run's params:
+        ``fn(record, params)`` or ``fn(record, *, params)`` (see
+        :mod:`segue.flow.mapfn`).
+
         ``model``: a :class:`segue.inference.ModelHandler`. The function is then
-        ``fn(batch, model, params)`` over batches of the handler's size, returning
+        ``fn(batch, model)``, or ``fn(batch, model, params)`` to read the run's
+        params, over batches of the handler's size, returning
         one output per record; the model loads once per attempt (per sub-worker
         with ``workers``), is released before a pause parks the step, and its
         name and version are part of the fingerprint. The handler's resource
@@ -337,6 +344,7 @@ class Flow:
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
             from ..data.mapstep import MapStep
 
+            check_map_fn(fn, kind, model)
             decl = MapStep(fn, source, sink, kind=kind, batch_size=batch_size, batch_bytes=batch_bytes,
                            dead_letter=dead_letter, max_failures=max_failures,
                            max_failure_rate=max_failure_rate, workers=workers, model=model)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from .._canon import canonical_json
 from ..home import Home
 from ..hostname import this_host
-from ..store import open_outbox
-from ..store.base import Clock
+from ..store import open_outbox, open_store
+from ..store.base import Clock, Store
 from ..store.outbox import Delivery, RunEvent, SQLiteOutbox
 from ..store.postgres_outbox import PostgresOutbox
 from .hooks import Hook, HooksFile, notification_of
@@ -55,12 +55,31 @@ def _user_agent() -> str:
     return f"segue/{__version__}"
 
 
-def body_of(home: Home, hook: Hook, notification: str, e: RunEvent) -> str:
+# The notifications that carry the failed steps' errors (a pause_on_failure run pauses).
+WITH_ERRORS = ("failed", "paused")
+
+
+def body_of(home: Home, hook: Hook, notification: str, e: RunEvent,
+            errors: dict[str, str] | None = None) -> str:
+    """``errors``: each failed step's error, as `segue status` shows it; "error" is the
+    first of them (None when no step failed: an operator's pause, a pool too small)."""
+    errors = errors or {}
     return canonical_json({
         "delivery": str(e.id), "event": notification, "hook": hook.id, "home": str(home.root),
         "run_id": e.run_id, "flow": e.flow, "from_state": e.from_state, "to_state": e.to_state,
         "actor": e.actor, "reason": e.reason, "time": e.time,
+        "error": next(iter(errors.values()), None), "errors": errors,
     })
+
+
+def step_errors(store: Store, e: RunEvent) -> dict[str, str]:
+    """The error of each step whose last transition before ``e`` was to FAILED, from the
+    event log (never rewritten), so every pump builds the same body."""
+    last: dict[str, tuple[str | None, str]] = {}
+    for t in store.list_events(e.run_id, kinds=("task",)):
+        if t.id < e.id and t.step and t.to_state:
+            last[t.step] = (t.to_state, str((t.data or {}).get("error") or ""))
+    return {step: error for step, (to, error) in last.items() if to == "FAILED" and error}
 
 
 class Pump:
@@ -72,6 +91,7 @@ class Pump:
         self._clock = clock  # None: the outbox's (SQLite: this host's; PostgreSQL: the database's)
         self.owner = owner or f"{this_host()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._box: SQLiteOutbox | PostgresOutbox | None = None
+        self._store: Store | None = None  # opened for the first failure's errors
         # What the last full pass saw: while nothing changed, a pass is one cheap read.
         self._seen: tuple[int, object] | None = None
         self._full_at = -FULL_PASS_S
@@ -91,6 +111,15 @@ class Pump:
     def close(self) -> None:
         if self._box is not None:
             self._box.close()
+        if self._store is not None:
+            self._store.close()
+
+    def _errors(self, name: str, e: RunEvent) -> dict[str, str]:
+        if name not in WITH_ERRORS:
+            return {}
+        if self._store is None:
+            self._store = open_store(self.home.root)
+        return step_errors(self._store, e)
 
     def drain(self, seconds: float, *, once: Callable[[float], PumpResult | None] | None = None,
               max_sleep_s: float = 1.0) -> tuple[int, int]:
@@ -150,12 +179,15 @@ class Pump:
         start = min(cursors.values())
         upto, events = box.run_events(start, limit=READ_LIMIT)
         queued = 0
+        errors: dict[int, dict[str, str]] = {}  # by event: read once for every hook
         for hook in hooks.values():
             items = []
             for e in events:
                 name = notification_of(e.to_state, e.actor)
                 if e.pos > cursors[hook.id] and name is not None and hook.wants(name, e.run_id):
-                    items.append((e.id, e.run_id, name, body_of(self.home, hook, name, e)))
+                    if e.id not in errors:
+                        errors[e.id] = self._errors(name, e)
+                    items.append((e.id, e.run_id, name, body_of(self.home, hook, name, e, errors[e.id])))
             # Write only when something matched, or to keep the scan short: an idle
             # pump must not take the write lock every time round.
             if items or upto - cursors[hook.id] >= READ_LIMIT:

@@ -21,12 +21,13 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from ..checkpoint.interval import IntervalPolicy
-from ..errors import CheckpointCorruptError
+from ..errors import CheckpointCorruptError, UsageError
 from ..flow.model import StepSpec
 from ..home import Home, checkpoint_path
 from ..states import Actor
 from ..store.base import Store
 from . import rng
+from .metrics import MetricsBuffer, TensorBoardExport, check_points
 from .park import Park as Park
 from .restart import no_valid_checkpoint, restart_floor
 
@@ -47,6 +48,7 @@ class Flags:
     fenced: bool = False
     progress: tuple[float, float | None] | None = None
     progress_dirty: bool = False
+    metrics: MetricsBuffer = field(default_factory=MetricsBuffer, repr=False, compare=False)
     _flush_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def flush_progress(self, write: Callable[[float, float | None], None]) -> None:
@@ -147,6 +149,9 @@ class StepContext:
             self._observe_history()
         self._writer = ckpt.Checkpointer(storage, max_in_flight=1, allow_pickle=spec.allow_pickle,
                                          on_error=self._on_background_error)
+        if home is not None:  # beside the attempts' logs, on the host that runs the step
+            flags.metrics.exporters.append(
+                TensorBoardExport(home.root / "logs" / run_id / "tensorboard" / spec.name))
         self._recorded_cost: str | None = None
         self._cur_steps: int | None = None
         self._next_seq = 1
@@ -187,6 +192,30 @@ class StepContext:
         """Write the latest :meth:`progress` to the store (fenced), if it changed."""
         self._flags.flush_progress(
             lambda done, total: self._store.report_progress(self.run_id, self.step, self.epoch, done, total))
+
+    def log_metrics(self, step: int, **values: float) -> None:
+        """Record ``values`` (``loss=..., lr=...``) at ``step``, the step's own counter.
+
+        Buffered here, no I/O: the heartbeat writes them (one fenced write a second at
+        most), and so do every checkpoint's commit (the points logged before
+        :meth:`checkpoint` are stored before it is committed) and the attempt's end. A
+        point is keyed by (name, step): a resumed attempt logging a step again replaces
+        its point, never adds one. NaN and infinities are stored as null (a gap in the
+        chart). Names are a letter or ``_`` then up to 63 letters, digits or ``_``;
+        anything else, or a value that is not a number, is a ValueError.
+        """
+        if self.world_size > 1:
+            raise UsageError("ctx.log_metrics is not supported in gang steps (world_size > 1) "
+                             "yet; log from a step of one process")
+        self._flags.metrics.add(check_points(step, values))
+
+    def flush_metrics(self, *, final: bool = False) -> None:
+        """Write the metrics logged since the last flush to the store (fenced); ``final``
+        also closes the TensorBoard event file (the attempt's end)."""
+        self._flags.metrics.flush(
+            lambda points: self._store.put_metrics(self.run_id, self.step, points, epoch=self.epoch))
+        if final:
+            self._flags.metrics.close()
 
     @property
     def reported_progress(self) -> tuple[float, float | None] | None:
@@ -361,6 +390,9 @@ class StepContext:
         never the one reported when the save began: that may be older than what the
         heartbeat wrote meanwhile), and prune past the retention, unless the caller
         calls :meth:`apply_retention` itself later (a gang, once its ranks go on)."""
+        # First too: the commit's event records the progress the store holds (the UI's chart).
+        self.flush_progress()
+        self.flush_metrics()  # the points logged before the checkpoint are durable with it
         self._store.commit_checkpoint(
             self.run_id, self.step, self.epoch, seq=seq, path=path, position=position,
             nbytes=nbytes, duration_s=round(duration_s, 6),

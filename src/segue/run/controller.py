@@ -33,7 +33,7 @@ from .logs import attempt_log_path, record_failure
 from .options import RunOptions
 from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
 from .procs import pid_alive
-from .recovery import describe_exit, reclaim_orphan
+from .recovery import attempt_start, describe_exit, last_alive, reclaim_orphan
 from .storage_check import shared_storage
 
 log = logging.getLogger("segue.controller")
@@ -127,6 +127,7 @@ class Controller:
         self._pause_t0: float | None = None
         self._failure_pause_sent = False
         self._disk_full: str | None = None  # an attempt's disk-full error: the run pauses
+        self._not_retryable: dict[str, str] = {}  # step -> the error it failed of without a retry
         run = self.store.get_run(self.run_id)
         self.options = RunOptions.from_json(run.options)
         self.flow_path = run.flow_path  # an executor that places attempts elsewhere ships it
@@ -218,8 +219,12 @@ class Controller:
                                       controller_epoch=self.epoch)
 
     def _reclaim_orphan(self, t: TaskRecord, prev_host: str | None) -> None:
-        reclaim_orphan(self.store, self.run_id, t, prev_host=prev_host, host=self.host,
-                       ttl_s=self.options.lease_ttl_s, actor=self.actor)
+        last = reclaim_orphan(self.store, self.run_id, t, prev_host=prev_host, host=self.host,
+                              ttl_s=self.options.lease_ttl_s, actor=self.actor)
+        started = None if last is None else attempt_start(self.store, self.run_id, t.step, t.epoch)
+        if last is not None and started is not None:
+            # Charged as a killed attempt is, up to its last heartbeat (docs/accounting.md).
+            self.sched.lost(t.step, t.epoch, started=started, last_alive=last_alive(last))
 
     # -- the loop ------------------------------------------------------------
     def drive(self) -> RunState:
@@ -459,16 +464,26 @@ class Controller:
                 a.handle.request_pause()
         if self.attempts:
             return None
-        names = ", ".join(t.step for t in failed)
+        errors = {t.step: self._not_retryable_error(t) for t in failed}
+        why = "; ".join(f"step {step} exhausted its retries" if e is None else
+                        f"step {step} failed (not retryable): {e}" for step, e in errors.items())
         if self.options.pause_on_failure:
             self.store.transition_run(self.run_id, RunState.PAUSED, actor=Actor.CONTROLLER,
-                                      reason=f"step {names} exhausted its retries (pause_on_failure)",
-                                      controller_epoch=self.epoch)
+                                      reason=f"{why} (pause_on_failure)", controller_epoch=self.epoch)
             return RunState.PAUSED
+        if all(e is None for e in errors.values()):  # a not-retryable error says what to fix itself
+            why += "; `segue resume` retries it"
         self.store.transition_run(self.run_id, RunState.FAILED, actor=Actor.CONTROLLER,
-                                  reason=f"step {names} exhausted its retries; `segue resume` retries it",
-                                  controller_epoch=self.epoch)
+                                  reason=why, controller_epoch=self.epoch)
         return RunState.FAILED
+
+    def _not_retryable_error(self, t: TaskRecord) -> str | None:
+        """The error a FAILED step stopped at because no retry could help; None: its retries ran out."""
+        error = self._not_retryable.get(t.step)
+        spec = self.steps.get(t.step)
+        if error is None and spec is not None and t.failures <= spec.retries:
+            error = t.error or "an error no retry can fix"  # failed with retries left (an earlier controller)
+        return error
 
     def _pausing(self, tasks: list[TaskRecord]) -> RunState | None:
         now = time.monotonic()
@@ -646,6 +661,8 @@ class Controller:
                 next_attempt_at=self._now() + delay,
             )
         else:
+            if not retryable:
+                self._not_retryable[a.step] = error
             self.store.transition_task(
                 self.run_id, a.step, TaskState.FAILED, actor=Actor.FAILURE_DETECTOR, epoch=a.epoch,
                 reason=f"{error}; " + (f"retries exhausted ({retries})" if retryable else "not retryable"),

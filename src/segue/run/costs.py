@@ -17,6 +17,8 @@ from ..scheduler.accounting import gpus_of, pending_saving, rates_of
 from ..scheduler.pricing import CPU, HOURS_PER_MONTH, UNKNOWN_GPU, Prices
 from ..states import TaskState
 from ..store.base import Store
+from .procs import controller_alive
+from .recovery import attempt_start, last_alive
 
 
 def _per_type(stats: Mapping[str, float], prefix: str) -> dict[str, float]:
@@ -34,17 +36,26 @@ def _in_flight(store: Store, pool: Any, home_key: str | None, run_id: str,
 
     ``pool``: where allocations and hosts live (the store itself while it holds
     the pool); ``home_key``: this home's name in a pool shared by several homes.
+    An attempt of a run that nothing drives (its controller died) ended, unseen,
+    at its last heartbeat: it is counted that far, as its reclaim will charge it.
     """
-    running = {t.step: t.epoch for t in store.get_tasks(run_id) if t.state == TaskState.RUNNING}
+    running = {t.step: t for t in store.get_tasks(run_id) if t.state == TaskState.RUNNING}
     if not running or pool is None:
         return 0.0, {}
+    driven = controller_alive(store.get_run(run_id), store.now())
     wall, held = 0.0, dict[str, float]()
-    for a in pool.list_allocations(None):
-        if a.run_id != run_id or running.get(a.step) != a.epoch:
+    # Undriven, its lease may have lapsed: look past the live allocations (rarely needed).
+    for a in pool.list_allocations(None, live_only=driven):
+        t = running.get(a.step)
+        if a.run_id != run_id or t is None or t.epoch != a.epoch or a.released_at is not None:
             continue
         if home_key is not None and getattr(a, "home", home_key) != home_key:
             continue  # the same run id in another home
-        dur = max(0.0, now - a.since)
+        if driven:
+            dur = max(0.0, now - a.since)
+        else:
+            start = attempt_start(store, run_id, t.step, t.epoch)
+            dur = max(0.0, last_alive(t) - (a.since if start is None else start))
         wall += dur
         _add(held, {k: n * dur for k, n in rates_of(a, pool.get_host(a.host)).items()})
     return wall, held

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import NotFoundError, UsageError
 from ..home import Home, check_run_id
 from ..states import Actor, RunState
 from ..store.base import Event, Store
@@ -82,7 +82,7 @@ def attempt_logs(home: Home, store: Store, run_id: str, step: str | None = None,
     if step is not None:
         check_step(step)
         if step not in steps:
-            raise UsageError(f"run {run_id!r} has no step {step!r}; its steps: {', '.join(steps)}")
+            raise NotFoundError(f"run {run_id!r} has no step {step!r}; its steps: {', '.join(steps)}")
         steps = [step]
     elif attempt is not None:
         raise UsageError("--attempt needs a STEP: segue logs RUN STEP --attempt N")
@@ -96,7 +96,7 @@ def attempt_logs(home: Home, store: Store, run_id: str, step: str | None = None,
         mine = started.get(s, [])
         if attempt is not None and attempt not in {a for a, _ in mine}:
             have = f"attempts 1..{len(mine)}" if mine else "no attempts yet"
-            raise UsageError(f"step {s!r} of run {run_id!r} has {have}; there is no attempt {attempt}")
+            raise NotFoundError(f"step {s!r} of run {run_id!r} has {have}; there is no attempt {attempt}")
         for a, e in mine:
             if attempt is None or a == attempt:
                 out.append(AttemptLog(s, a, e, d / f"{s}.e{e}.log"))

@@ -74,7 +74,7 @@ def prepare_run(
     # A declared sink whose output belongs to another run is refused now (exit 2).
     from ..data.preflight import check_sinks  # data steps only; keeps `segue --help` light
 
-    check_sinks(loaded.flow.steps, run_id, values)
+    check_sinks(loaded.flow.steps, run_id, values, sources=opts.executor == "local")  # Ray: other disks
     if opts.checkpoints:
         from .storage_check import check_checkpoints
 

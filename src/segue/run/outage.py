@@ -12,6 +12,8 @@ import errno
 import sqlite3
 from pathlib import Path
 
+from ..errors import StoreBusyError
+
 EXIT_DISK_FULL = 6
 """Worker exit code: a write failed for lack of space; parking, not failing, is right."""
 
@@ -39,7 +41,7 @@ def is_disk_full(exc: BaseException) -> bool:
 
 def store_unwritable(exc: BaseException) -> bool:
     """True for failures a later retry of the same store write can get past."""
-    if is_disk_full(exc):
+    if is_disk_full(exc) or isinstance(exc, StoreBusyError):  # the store's own busy line
         return True
     if isinstance(exc, OSError) and exc.errno == errno.EIO:
         return True

@@ -12,7 +12,7 @@ import math
 import os
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import NotFoundError, UsageError
 from ..home import Home
 from ..states import TaskState
 from .logs import check_step
@@ -37,7 +37,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | None = No
     tasks = {t.step: t for t in store.get_tasks(run_id)}
     check_step(step)
     if step not in tasks:
-        raise UsageError(f"run {run_id!r} has no step {step!r}; its steps: {', '.join(tasks)}")
+        raise NotFoundError(f"run {run_id!r} has no step {step!r}; its steps: {', '.join(tasks)}")
     t = tasks[step]
     if t.state != TaskState.SUCCEEDED:
         raise UsageError(f"step {step!r} of run {run_id!r} has not succeeded yet (it is "

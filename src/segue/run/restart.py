@@ -15,7 +15,7 @@ step published before (segue.data.sinks).
 
 from __future__ import annotations
 
-from ..errors import NoValidCheckpointError, UsageError
+from ..errors import NotFoundError, NoValidCheckpointError, UsageError
 from ..states import Actor, TaskState
 from ..store.base import CheckpointRecord, Store
 
@@ -62,7 +62,7 @@ def check_step(store: Store, run_id: str, step: str) -> None:
     """``--restart-step STEP`` names a step of the run that has not succeeded (else UsageError)."""
     steps = {t.step: t for t in store.get_tasks(run_id)}
     if step not in steps:
-        raise UsageError(f"run {run_id!r} has no step {step!r}; its steps are {', '.join(steps)}")
+        raise NotFoundError(f"run {run_id!r} has no step {step!r}; its steps are {', '.join(steps)}")
     if steps[step].state == TaskState.SUCCEEDED:
         raise UsageError(f"step {step!r} of run {run_id!r} already succeeded; --restart-step only "
                          f"starts over a step that has not finished; start a new run instead")

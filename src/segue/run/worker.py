@@ -49,7 +49,8 @@ log = logging.getLogger("segue.worker")
 
 
 class Heartbeat(threading.Thread):
-    """Renews the lease, learns about pause requests, flushes progress.
+    """Renews the lease, learns about pause requests, flushes progress and the
+    metrics logged since the last beat (one write for all of them).
 
     A fenced heartbeat means a newer attempt owns the step: this process is a
     zombie and stops itself at once; anything it would still commit would be
@@ -79,6 +80,9 @@ class Heartbeat(threading.Thread):
                 self.flags.flush_progress(
                     lambda done, total: self.store.report_progress(self.run_id, self.step, self.epoch,
                                                                    done, total))
+                self.flags.metrics.flush(
+                    lambda points: self.store.put_metrics(self.run_id, self.step, points,
+                                                          epoch=self.epoch))
             except FencedError:
                 if self.stop_event.is_set():
                     return  # the attempt itself just parked or completed the task
@@ -158,6 +162,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     hb = Heartbeat(store, run_id, step, epoch, ttl, flags, parent_pid)
     hb.start()
     _faults.fault_point("worker.started")
+    ctx: StepContext | None = None
     try:
         loaded = load_flow(flow_file(run))
         spec = loaded.flow.steps[step]
@@ -185,11 +190,15 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
                                                           allow_pickle=spec.allow_pickle)
         _faults.fault_point("worker.before_complete")
         ctx.flush_progress()
+        ctx.flush_metrics(final=True)
         hb.stop_event.set()
         store.complete_task(run_id, step, epoch, output_ref=ref, actor=Actor.WORKER)
         _faults.fault_point("worker.after_complete")
         return EXIT_OK
     except Park:
+        if ctx is not None:  # the parking checkpoint flushed; points logged since it, if any
+            with contextlib.suppress(Exception):
+                ctx.flush_metrics(final=True)
         hb.stop_event.set()
         store.transition_task(run_id, step, TaskState.PARKED, actor=Actor.WORKER, epoch=epoch,
                               reason="parked at a checkpoint on a pause request")
@@ -201,6 +210,9 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
         # silently start from scratch. Only the operator's resume may do that.
         retryable = not isinstance(exc, NoValidCheckpointError) and getattr(
             exc, "segue_retryable", True)
+        if ctx is not None:  # what it logged before failing (a loss gone NaN) helps find why
+            with contextlib.suppress(Exception):
+                ctx.flush_metrics(final=True)
         error = describe_error(exc, home, run_id)
         write_exit_report(exit_report_path(home, run_id, step, epoch),
                           {"error": error, "traceback": traceback.format_exc(), "retryable": retryable})

@@ -494,13 +494,16 @@ class RunScheduler:
         self.store.drop_request(self.run_id)
 
     # -- after an attempt -----------------------------------------------------
-    def released(self, step: str, epoch: int, *, started_wall: float, outcome: str) -> None:
-        """Return the attempt's resources and account for it.
+    def released(self, step: str, epoch: int, *, started_wall: float, outcome: str,
+                 ended: float | None = None) -> tuple[float, float]:
+        """Return the attempt's resources and account for it; (seconds held, seconds lost).
 
         ``outcome``: "done" | "parked" | "killed" (lost work since the last checkpoint).
+        ``ended``: when it ended, if not now (an attempt lost with its controller ended
+        at its last heartbeat).
         """
         alloc = self.pool.release(self.home, self.run_id, step, epoch)
-        end = time.time()
+        end = time.time() if ended is None else ended
         dur = max(0.0, end - started_wall)
         lost = 0.0
         if outcome == "killed":
@@ -519,6 +522,19 @@ class RunScheduler:
         self.store.add_stats(self.run_id, add)
         if alloc is not None and (alloc.devices or alloc.cpus):
             self.wake_orphans()
+        return dur, min(lost, dur)
+
+    def lost(self, step: str, epoch: int, *, started: float, last_alive: float) -> None:
+        """Account for an attempt that died with its controller, as a killed one: from its
+        recorded start to its last heartbeat, the part after its last checkpoint redone."""
+        held, lost = self.released(step, epoch, started_wall=started, outcome="killed",
+                                   ended=max(started, last_alive))
+        self.store.append_event(
+            self.run_id, "accounting", actor=Actor.SCHEDULER, step=step,
+            reason=(f"attempt epoch {epoch} lost with its controller: charged {held:.1f}s, from its "
+                    f"start to its last heartbeat, {lost:.1f}s of it redone"),
+            data={"epoch": epoch, "start": started, "end": max(started, last_alive),
+                  "held_s": round(held, 3), "lost_s": round(lost, 3)})
 
     # -- being preempted --------------------------------------------------------
     def preempted(self) -> bool:

@@ -1,4 +1,5 @@
-"""What `segue pool` and `segue ls` show of the scheduler: documents built from the pool and store."""
+"""What `segue pool`, `segue queue`, `segue ls` and `segue status` show of the scheduler:
+documents built from the pool and store."""
 
 from __future__ import annotations
 
@@ -6,9 +7,10 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..states import RunState
-from ..store.pool import AllocationRecord, HostPool
+from ..store.hostpool import kinds
+from ..store.pool import AllocationRecord, HostPool, RequestRecord
 from .devices import GpuProcesses
-from .policy import priority_name
+from .policy import kind_matches, priority_name
 
 
 def pool_doc(hp: HostPool, allocs: Iterable[AllocationRecord], procs: GpuProcesses,
@@ -49,6 +51,25 @@ def pool_doc(hp: HostPool, allocs: Iterable[AllocationRecord], procs: GpuProcess
 def _holder(h: AllocationRecord) -> dict[str, Any]:
     return {"home": h.home, "run_id": h.run_id, "step": h.step, "priority": h.priority, "since": h.since,
             "gpu_memory": h.gpu_memory}
+
+
+def pinned_holders(r: RequestRecord, allocs: Iterable[AllocationRecord], hp: HostPool | None) -> str:
+    """What `segue queue` adds to a GPU request's reason: the runs holding devices it
+    could use that cannot be preempted (no priority frees them), or "" for none."""
+    if not r.need.gpus:
+        return ""
+    kind = kinds(hp) if hp is not None else {}
+    said = []
+    for a in sorted(allocs, key=lambda a: (a.devices, a.since)):
+        if a.preemptible or (a.home, a.run_id) == (r.home, r.run_id):
+            continue
+        devs = [i for i in a.devices if kind_matches(kind.get(i, ""), r.need.accelerator)]
+        if not devs:
+            continue
+        where = "" if a.home == r.home else f" of home {a.home}"
+        said.append(f"gpu {', '.join(map(str, devs))} held by run {a.run_id!r}{where} (step "
+                    f"{a.step!r}, {priority_name(a.priority)}), which is not preemptible")
+    return "; " + "; ".join(said) if said else ""
 
 
 def display_states(store: Any, runs: Iterable[Any]) -> dict[str, str]:

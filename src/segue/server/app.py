@@ -9,6 +9,7 @@
     GET  /api/runs/{run}/events             Client.events     (viewer; ?follow=true: SSE)
     GET  /api/runs/{run}/progress           SSE: the status at each change, until the run rests
     GET  /api/runs/{run}/checkpoints        Client.checkpoints
+    GET  /api/runs/{run}/metrics            Client.metrics    (viewer; ?step=S&since=T)
     GET  /api/runs/{run}/steps/{step}/output  Client.output
     GET  /api/runs/{run}/logs               Client.logs       (?follow=true: SSE)
     GET  /api/pool, /api/queue              Client.pool, Client.queue
@@ -21,7 +22,9 @@
     GET  /api/whoami                        the caller's principal
 
 Errors are JSON ``{"error": one line, "type": the segue.errors class}`` with the
-status of :data:`STATUS`; a 4xx never wrote anything. Every mutation goes
+status of :data:`STATUS`, worded for the API (:mod:`.wording`); a 4xx never wrote
+anything. Every route checks the token and the body's size before FastAPI reads
+the body (:class:`.security.GuardedRoute`). Every mutation goes
 through the client with the principal as the actor, so its event names who
 (a pool change is recorded in the host pool's ``pool_changes``, not a run's events).
 """
@@ -48,11 +51,13 @@ from ..home import Home
 from ..run.logs import check_step
 from ..scheduler.policy import priority_class
 from .auth import Principal, Role, parse_classes
-from .security import Security
+from .security import GuardedRoute, Security
+from .wording import api_message
 
 # The HTTP status of each error class (the nearest ancestor listed wins).
 STATUS: dict[type[errors.SegueError], int] = {
     errors.UnknownRunError: 404,
+    errors.NotFoundError: 404,
     errors.RunExistsError: 409,
     errors.RunStateError: 409,
     errors.ControllerConflictError: 409,
@@ -77,12 +82,26 @@ def error_body(message: str, kind: str) -> dict[str, str]:
     return {"error": " ".join(message.split()), "type": kind}
 
 
+def error_of(exc: errors.SegueError) -> dict[str, str]:
+    """The answer's body for ``exc``: its message in the API's words, and the nearest
+    class of :mod:`segue.errors` (the one an HTTP client can raise again)."""
+    kind = next(c.__name__ for c in type(exc).__mro__ if c.__module__ == errors.__name__)
+    return error_body(api_message(str(exc)), kind)
+
+
+# The segue.errors class of each refusal the HTTP layer makes itself (by status).
+_HTTP_KIND: dict[int, type[errors.SegueError]] = {
+    401: errors.PermissionDeniedError, 403: errors.PermissionDeniedError, 404: errors.NotFoundError,
+}
+
+
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")  # a misspelt field is a 422, not ignored
 
 
 class SubmitBody(_Body):
-    flow: str = Field(description="path of the flow file on the server's machine")
+    flow: str = Field(max_length=4096,  # PATH_MAX: a longer one names no file
+                      description="path of the flow file on the server's machine")
     params: dict[str, Any] = Field(default_factory=dict)
     run_id: str | None = None
     priority: str | int | None = None
@@ -149,6 +168,7 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     """The server's app over ``home``; ``auth=False`` only for a loopback bind (the CLI checks)."""
     app = FastAPI(title="segue", version=_version(), docs_url="/api/docs", openapi_url="/api/openapi.json",
                   redoc_url=None)
+    app.router.route_class = GuardedRoute  # every route added from here on, the extensions' too
     sec = Security(home, auth=auth, allowed_origins=allowed_origins)
     base = LocalClient(home, pool=pool)
     app.state.home = home
@@ -167,18 +187,31 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
 
     @app.exception_handler(errors.SegueError)
     async def _segue_error(request: Request, exc: errors.SegueError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), type(exc).__name__), status_code=status_of(exc))
+        return JSONResponse(error_of(exc), status_code=status_of(exc))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": ("body",), "msg": "invalid"}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x not in ("body", "query", "path"))
-        return JSONResponse(error_body(f"invalid {where or 'request'}: {first.get('msg', 'invalid')}",
-                                       "ValidationError"), status_code=422)
+        first: dict[str, Any] = dict(exc.errors()[0]) if exc.errors() else {"loc": ("body",), "msg": "invalid"}
+        if first.get("type") == "json_invalid":
+            why = (first.get("ctx") or {}).get("error", "JSON decode error")
+            message = (f"the body is not valid JSON ({why} at character {first.get('loc', ('?',))[-1]}); "
+                       f"send a JSON object")
+        else:
+            loc = first.get("loc", ())
+            where = ".".join(str(x) for x in loc if x not in ("body", "query", "path"))
+            message = f"invalid {where or (loc[0] if loc else 'request')}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, errors.UsageError.__name__), status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return JSONResponse(error_body(str(exc.detail), "HTTPError"), status_code=exc.status_code,
+        code, message = exc.status_code, str(exc.detail)
+        if code == 404 and message == "Not Found":  # the router's own: no route has this path
+            message = f"no route {request.url.path}; the API's routes are listed at /api/docs"
+        elif code == 405 and message == "Method Not Allowed":
+            message = (f"{request.url.path} does not take {request.method}; the API's routes and their "
+                       f"methods are listed at /api/docs")
+        kind = _HTTP_KIND.get(code, errors.UsageError if code < 500 else errors.SegueError)
+        return JSONResponse(error_body(message, kind.__name__), status_code=code,
                             headers=getattr(exc, "headers", None))
 
     def check_may(p: Principal, action: str, run: str | None = None, priority: int | None = None) -> None:
@@ -187,7 +220,7 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
         cls = priority_class(priority)
         if not p.may(action, cls):
             raise errors.PermissionDeniedError(f"token {p.name!r} may not {action} runs of class {cls!r}; "
-                             f"ask an admin for a token that may (`segue token create --may-{action}`)")
+                                               f"ask an admin for a token whose may_{action} includes {cls!r}")
 
     # -- runs --------------------------------------------------------------------
 
@@ -223,6 +256,8 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     def resume(run_id: str, body: ResumeBody | None = None, p: Principal = operator) -> JSONResponse:
         body = body or ResumeBody()
         check_may(p, "resume", run_id)
+        if body.restart_step is not None:
+            check_step(body.restart_step)  # an unsafe name is a 400; one the run lacks, a 404
         return JSONResponse(client_for(p).resume(run_id, **body.model_dump()).to_json())
 
     @app.post("/api/runs/{run_id}/cancel")
@@ -254,6 +289,13 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     def checkpoints(run_id: str, p: Principal = viewer) -> JSONResponse:
         return JSONResponse([asdict(c) for c in client_for(p).checkpoints(_run_id(run_id))])
 
+    @app.get("/api/runs/{run_id}/metrics")
+    def metrics(run_id: str, p: Principal = viewer, step: str | None = Query(None, max_length=64),
+                since: float | None = Query(None, allow_inf_nan=False)) -> JSONResponse:
+        points = client_for(p).metrics(_run_id(run_id), None if step is None else check_step(step),
+                                       since=since)
+        return JSONResponse([asdict(m) for m in points])
+
     @app.get("/api/runs/{run_id}/steps/{step}/output")
     def output(run_id: str, step: str, p: Principal = viewer) -> JSONResponse:
         value = client_for(p).output(_run_id(run_id), check_step(step))
@@ -266,6 +308,9 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
         c = client_for(p)
         if step is not None:
             check_step(step)
+        elif attempt is not None:
+            raise errors.UsageError("attempt names an attempt of one step: give step too "
+                                    "(?step=STEP&attempt=N)")
         # Both calls check the run, the step and the attempt before they return: inside a
         # stream an error could only cut the answer short.
         if follow:
@@ -354,7 +399,7 @@ def _sse(items: Iterator[Any], frame: Callable[[Any], tuple[str | None, str, Any
             head = f"id: {ident}\n" if ident is not None else ""
             yield f"{head}event: {kind}\ndata: {json.dumps(data, default=str)}\n\n".encode()
     except errors.SegueError as exc:  # after the 200 header: say it in the stream, end it cleanly
-        body = error_body(str(exc), type(exc).__name__)
+        body = error_of(exc)
         yield f"event: error\ndata: {json.dumps(body)}\n\n".encode()
     yield b"event: end\ndata: {}\n\n"
 

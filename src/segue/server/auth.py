@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import NotFoundError, UsageError
 from ..home import Home
 from ..scheduler.policy import PRIORITY_CLASSES as CLASSES
 
@@ -194,7 +194,7 @@ class TokenStore:
             tokens = [dict(t) for t in self._load()]
             mine = [t for t in tokens if t["name"] == name and not t.get("revoked_at")]
             if not mine:
-                raise UsageError(f"no token named {name!r}; `segue token list` shows them")
+                raise NotFoundError(f"no token named {name!r}; `segue token list` shows them")
             admins = [t for t in tokens if t["role"] == "admin" and not t.get("revoked_at")]
             if keep_an_admin and mine[0]["role"] == "admin" and len(admins) == 1:
                 raise UsageError(f"token {name!r} is the last admin token; create another admin "

@@ -30,12 +30,15 @@ docs/metrics.md). ``app.state.metrics_public = True`` serves it to anyone.
     segue_pool_device_allocated{device,name}        gauge    0 or 1
     segue_pool_cpus / segue_pool_cpus_allocated     gauge    cpus allocated: this home's share
     segue_webhook_deliveries{status}                gauge    pending|sending|delivered|failed
+    segue_step_metric{flow,step,metric}             gauge    ctx.log_metrics: the newest value
+                                                             (NaN where the step logged NaN)
 """
 
 from __future__ import annotations
 
 import bisect
 import logging
+import math
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -235,6 +238,14 @@ class StoreCollector(Collector):
         for status in DELIVERY_STATUSES:
             g.add_metric([status], now.deliveries.get(status, 0))
         yield g
+        # The newest point of each metric of any run of the flow: per flow, never per
+        # run (a run id label would make a new series for every run).
+        g = GaugeMetricFamily("segue_step_metric", "The newest value a flow's step logged with "
+                              "ctx.log_metrics, whichever run logged it.",
+                              labels=["flow", "step", "metric"])
+        for flow, step, name, value in now.step_metrics:
+            g.add_metric([flow, step, name], math.nan if value is None else value)
+        yield g
 
     def _pool_families(self) -> Iterator[Metric]:
         if self.pool_view is None:
@@ -284,14 +295,13 @@ def _warm_up(collector: StoreCollector) -> None:
 
 def register(app: FastAPI, client_for: Callable[[Principal], LocalClient], sec: Security) -> None:
     registry, collector = metrics_registry(app.state.home, client_for(LOCAL).pool)
-    viewer = sec.require(Role.VIEWER)
     app.router.on_startup.append(lambda: threading.Thread(
         target=_warm_up, args=(collector,), name="segue-metrics-warm-up", daemon=True).start())
 
     @app.get("/metrics", include_in_schema=False)
     def metrics(request: Request) -> Response:
         if not getattr(request.app.state, "metrics_public", False):
-            viewer(request)  # 401/403 like every read route
+            sec.check(request, Role.VIEWER)  # 401/403 like every read route
         # The format the scraper asks for (Accept): OpenMetrics, or the classic text.
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encode(registry), headers={"Content-Type": content_type,

@@ -142,6 +142,20 @@ class Event:
 
 
 @dataclass(frozen=True)
+class MetricPoint:
+    """One value a step logged with ``ctx.log_metrics``; a point is keyed by
+    (run_id, step, name, index), so a redone step replaces its point, never adds one."""
+
+    run_id: str
+    step: str  # the flow step that logged it
+    name: str  # the metric ("loss")
+    index: int  # the step's own counter: ``log_metrics(step=...)``
+    value: float | None  # None: the step logged NaN or an infinity
+    epoch: int  # the attempt that wrote it last
+    time: float  # when it was written (the store's clock)
+
+
+@dataclass(frozen=True)
 class Heartbeat:
     """Reply to a worker's heartbeat: the run state tells it whether to park."""
 
@@ -374,6 +388,24 @@ class Store(ABC):
         self, run_id: str, step: str, epoch: int, *, output_ref: str | None, actor: str
     ) -> TaskRecord:
         """RUNNING -> SUCCEEDED with the output reference, in one fenced transaction."""
+
+    # -- step metrics (ctx.log_metrics) ------------------------------------------
+    @abstractmethod
+    def put_metrics(self, run_id: str, step: str, points: Sequence[tuple[str, int, float | None]],
+                    *, epoch: int) -> int:
+        """Upsert ``points`` ((name, index, value) each) of the step, fenced on
+        ``epoch``, in one transaction; returns how many were written. A point already
+        stored under the same (name, index) is replaced (a resumed attempt redoing a
+        step), and the newest point per name becomes its flow's latest value (the
+        /metrics gauge). Values must be finite or None (the caller maps NaN and
+        infinities to None); names are checked by the caller (``ctx.log_metrics``)."""
+
+    @abstractmethod
+    def get_metrics(self, run_id: str, step: str | None = None, *,
+                    since: float | None = None) -> list[MetricPoint]:
+        """The run's metric points (of one step if given; written after ``since``, a
+        store time, if given), in step order, then by name and index. UnknownRunError,
+        or StoreError for a step the run does not have."""
 
     # -- events --------------------------------------------------------------
     @abstractmethod

@@ -54,6 +54,8 @@ class Now:
     live_checkpoint_bytes: dict[str, int] = field(default_factory=dict)  # committed / quarantined
     records: dict[str, float] = field(default_factory=dict)  # records_in / records_out / failures
     deliveries: dict[str, int] = field(default_factory=dict)  # webhook outbox, by status
+    # ctx.log_metrics: the newest value per (flow, step, metric), whichever run wrote it
+    step_metrics: list[tuple[str, str, str, float | None]] = field(default_factory=list)
 
 
 class MetricsReader(PerThreadConnection):
@@ -96,13 +98,16 @@ class MetricsReader(PerThreadConnection):
                 " AND d.step = c.step AND d.status = 'committed')").fetchone()
             deliveries = {r[0]: int(r[1]) for r in conn.execute(
                 "SELECT status, COUNT(*) FROM notify_outbox GROUP BY status")}
+            latest = [(r[0], r[1], r[2], r[3]) for r in conn.execute(
+                "SELECT flow_name, step, name, value FROM step_metrics_latest"
+                " ORDER BY flow_name, step, name")]
         finally:
             if conn.in_transaction:
                 conn.execute("COMMIT")
         return Now(runs_by_state=runs, live_checkpoint_bytes=live,
                    records={"records_in": float(rec[0] or 0), "records_out": float(rec[1] or 0),
                             "failures": float(rec[2] or 0)},
-                   deliveries=deliveries)
+                   deliveries=deliveries, step_metrics=latest)
 
     def last_position(self) -> int:
         """The newest event's commit position, its id (0 for none)."""

@@ -234,7 +234,41 @@ _V4 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
+# What steps log with ctx.log_metrics. A point is keyed by the step's own counter
+# (idx), so an attempt that redoes steps after a resume replaces them (an upsert);
+# value NULL: the step logged NaN or an infinity. The latest point per (flow, step,
+# name) is kept apart, so a /metrics scrape reads a few rows, not every run's history.
+_V5 = Migration(
+    5,
+    "step metrics (ctx.log_metrics) and their latest value per flow",
+    (
+        """
+        CREATE TABLE step_metrics (
+            run_id TEXT NOT NULL,
+            step TEXT NOT NULL,
+            name TEXT NOT NULL,
+            idx INTEGER NOT NULL,
+            value REAL,
+            epoch INTEGER NOT NULL,
+            time REAL NOT NULL,
+            PRIMARY KEY (run_id, step, name, idx),
+            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
+        )
+        """,
+        """
+        CREATE TABLE step_metrics_latest (
+            flow_name TEXT NOT NULL,
+            step TEXT NOT NULL,
+            name TEXT NOT NULL,
+            value REAL,
+            time REAL NOT NULL,
+            PRIMARY KEY (flow_name, step, name)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
 LATEST = MIGRATIONS[-1].version
 
 

@@ -53,6 +53,7 @@ from ..errors import (
     IllegalTransitionError,
     RunExistsError,
     SegueError,
+    StoreBusyError,
     StoreError,
 )
 from ..states import RUN_TRANSITIONS, Actor, RunState, TaskState, check_run, check_task
@@ -68,6 +69,7 @@ from .base import (
     _clock_offset,
     wall_clock,
 )
+from .busy import BUSY_TIMEOUT_ENV, busy_timeout_s
 from .postgres_extras import PostgresPoolMixin, start_attempt_in
 from .postgres_hosts import PostgresHostsMixin
 from .postgres_hot import HEARTBEAT, RENEW_CONTROLLER, TRANSITION_RUN
@@ -83,6 +85,7 @@ from .postgres_schema import (
     update_task,
     value,
 )
+from .postgres_step_metrics import PostgresStepMetricsMixin
 from .sqlite_rows import (  # row -> record converters and fence checks: backend-neutral
     _check_controller_epoch,
     _checkpoint_record,
@@ -155,7 +158,7 @@ class _Transient(Exception):
     """A try that surely did not commit and may be run again (the cause is chained)."""
 
 
-class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
+class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMixin, Store):
     """A :class:`Store` in a PostgreSQL database. Picklable: it travels as its URL.
     The scheduling extras (stats, requests, placed starts) come from
     :class:`~segue.store.postgres_extras.PostgresPoolMixin`.
@@ -203,6 +206,19 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
     def _configure(self, conn: Conn) -> None:
         conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
                      (f"{int(IDLE_IN_TX_TIMEOUT_S * 1000)}ms",))
+        if os.environ.get(BUSY_TIMEOUT_ENV, "").strip():
+            # Unset, a write waits for a row lock until the timeout above frees it.
+            conn.execute("SELECT set_config('lock_timeout', %s, false)",
+                         (f"{max(1, int(busy_timeout_s() * 1000))}ms",))
+
+    def _busy(self, exc: BaseException) -> StoreBusyError | None:
+        """StoreBusyError for a write that ran past ``lock_timeout`` (it rolled back)."""
+        if not isinstance(exc, self._psycopg.errors.LockNotAvailable):
+            return None
+        return StoreBusyError(
+            f"the metadata store {_label(self.url)} is busy: another session has held a lock this "
+            f"write needs for over {busy_timeout_s():g}s; nothing was written; retry when it lets "
+            f"go (${BUSY_TIMEOUT_ENV} sets how long segue waits)")
 
     def _pool(self) -> Any:
         if self._lock_pid != os.getpid():  # forked: a parent's thread may have held the lock
@@ -299,6 +315,8 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
         try:
             row = self._execute_one(conn, sql, {**params, "token": token, "offset": self._offset()})
         except self._psycopg.Error as exc:
+            if (busy := self._busy(exc)) is not None:
+                raise busy from exc
             if not self._transient(exc, conn):
                 raise
             lost = exc
@@ -348,6 +366,8 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
                 self._rollback(conn)
                 if self._transient(exc, conn):
                     raise _Transient() from exc
+                if (busy := self._busy(exc)) is not None:
+                    raise busy from exc
                 raise
             if not finish:
                 return result
@@ -738,7 +758,8 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
 
         def body(tx: Tx) -> CheckpointRecord:
             lock_run(tx, run_id)
-            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch)
+            task = task_row(tx, run_id, step, lock=True)
+            fence(run_id, step, task, epoch)
             newest = value(tx.one("SELECT MAX(seq) FROM checkpoints WHERE run_id = %s"
                                    " AND step = %s", (run_id, step)))
             if newest is not None and seq <= newest:
@@ -754,7 +775,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, Store):
                          reason=f"checkpoint {seq} committed",
                          data={"seq": seq, "epoch": epoch, "path": path, "position": position,
                                 "nbytes": nbytes,
-                                **({} if duration_s is None else {"duration_s": duration_s})})
+                                **({} if duration_s is None else {"duration_s": duration_s}),
+                                # What the UI charts: the step's reported progress, not its position.
+                                **({} if task["progress_done"] is None else {"progress": {
+                                    "done": task["progress_done"], "total": task["progress_total"]}})})
             return _checkpoint_record(cast(Any, row))
 
         return self._write(body)

@@ -61,10 +61,13 @@ class PostgresMetricsReader:
             rec = tx.one(_RECORDS) or {}
             deliveries = {r["status"]: int(r["n"]) for r in tx.all(
                 "SELECT status, COUNT(*) AS n FROM notify_outbox GROUP BY status")}
+            latest = [(r["flow_name"], r["step"], r["name"], r["value"]) for r in tx.all(
+                "SELECT flow_name, step, name, value FROM step_metrics_latest"
+                " ORDER BY flow_name, step, name")]
             return Now(runs_by_state=runs, live_checkpoint_bytes=live,
                        records={k: float(rec.get(k) or 0)
                                 for k in ("records_in", "records_out", "failures")},
-                       deliveries=deliveries)
+                       deliveries=deliveries, step_metrics=latest)
 
         return self.store._run(body, "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY", "COMMIT")
 

@@ -344,7 +344,39 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+# Step metrics, as in SQLite's version 5 (migrations.py): keyed by the step's own
+# counter (an upsert), the latest point per (flow, step, name) kept apart for /metrics.
+_V6 = Migration(
+    6,
+    "step metrics (ctx.log_metrics) and their latest value per flow",
+    (
+        """
+        CREATE TABLE step_metrics (
+            run_id text NOT NULL,
+            step text NOT NULL,
+            name text NOT NULL,
+            idx bigint NOT NULL,
+            value double precision,
+            epoch bigint NOT NULL,
+            time double precision NOT NULL,
+            PRIMARY KEY (run_id, step, name, idx),
+            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
+        )
+        """,
+        """
+        CREATE TABLE step_metrics_latest (
+            flow_name text NOT NULL,
+            step text NOT NULL,
+            name text NOT NULL,
+            value double precision,
+            time double precision NOT NULL,
+            PRIMARY KEY (flow_name, step, name)
+        )
+        """,
+    ),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
 LATEST = MIGRATIONS[-1].version
 
 _VERSION_TABLE = """

@@ -37,6 +37,8 @@ from .base import (
     TaskRecord,
     now,
 )
+from .busy import busy_error, is_busy
+from .busy import busy_timeout_s as busy_timeout_s_env
 from .migrations import connect
 from .sqlite_hosts import SQLiteHostsMixin
 from .sqlite_pool import SQLitePoolMixin
@@ -56,6 +58,7 @@ from .sqlite_rows import (
     check_handover,
     start_attempt_in,
 )
+from .sqlite_step_metrics import SQLiteStepMetricsMixin
 
 CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
 
@@ -65,11 +68,17 @@ CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
 _NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 
 
-class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store):
+class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLiteStepMetricsMixin,
+                  Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
-    def __init__(self, path: str | Path, *, clock: Clock = now) -> None:
+    def __init__(self, path: str | Path, *, clock: Clock = now,
+                 busy_timeout_s: float | None = None) -> None:
         self.path = Path(path)
+        # How long a write waits for another process's write lock before it fails
+        # with StoreBusyError; None: $SEGUE_STORE_BUSY_TIMEOUT_S, else 30 s. A
+        # store rebuilt in another process from its path follows the variable.
+        self.busy_timeout_s = busy_timeout_s if busy_timeout_s is not None else busy_timeout_s_env()
         # Every lease and expiry is computed from this clock (time is a
         # dependency): tests pass a virtual one instead of sleeping. A store
         # rebuilt in another process from its path gets the default clock,
@@ -91,14 +100,18 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
 
     # -- connections and transactions ------------------------------------------
     def _open(self) -> sqlite3.Connection:
-        return connect(self.path)  # an older home is migrated here
+        conn = connect(self.path)  # an older home is migrated here
+        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+        return conn
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
         """A write transaction. IMMEDIATE takes the write lock up front, so two
-        processes never both hold read locks and deadlock upgrading them."""
+        processes never both hold read locks and deadlock upgrading them; a lock
+        held past the busy timeout is a StoreBusyError, before anything is written."""
         conn = self._conn()
-        conn.execute("BEGIN IMMEDIATE")
+        with self._busy_is_one_line(conn):
+            conn.execute("BEGIN IMMEDIATE")
         try:
             yield conn
             # Tests kill or fail the process here to prove that a write cut off
@@ -110,7 +123,18 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
                 conn.execute("ROLLBACK")
             if isinstance(exc, FencedError):
                 self._record_refusal(exc)
+            if is_busy(exc):  # rolled back above: nothing of it was written
+                raise busy_error(self.path, conn, self.busy_timeout_s) from exc
             raise
+
+    @contextmanager
+    def _busy_is_one_line(self, conn: sqlite3.Connection) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if not is_busy(exc):
+                raise
+            raise busy_error(self.path, conn, self.busy_timeout_s) from exc
 
     def _record_refusal(self, exc: FencedError) -> None:
         """Append a ``fenced`` event for a write refused to a stale epoch.
@@ -140,12 +164,13 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
     def _read(self) -> Iterator[sqlite3.Connection]:
         """A read transaction: every query inside sees the same snapshot."""
         conn = self._conn()
-        conn.execute("BEGIN")
-        try:
-            yield conn
-        finally:
-            if conn.in_transaction:
-                conn.execute("COMMIT")
+        with self._busy_is_one_line(conn):  # WAL readers rarely wait (a checkpoint, a recovery)
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("COMMIT")
 
     # -- runs ------------------------------------------------------------------
     def create_run(self, run: NewRun, steps: Sequence[str], *, actor: str) -> RunRecord:
@@ -455,6 +480,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
                     "seq": seq, "epoch": epoch, "path": path,
                     "position": position, "nbytes": nbytes,
                     **({} if duration_s is None else {"duration_s": duration_s}),
+                    **_progress_of(row),
                 },
             )
             return _checkpoint_record(
@@ -575,3 +601,11 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, Store)
 
 
 # -- helpers: connection setup ----------------------------------------------------
+
+
+def _progress_of(row: sqlite3.Row) -> dict[str, Any]:
+    """The step's reported progress as of a checkpoint commit, for its event: what the
+    UI charts (a position is the step's own, not progress)."""
+    if row["progress_done"] is None:
+        return {}
+    return {"progress": {"done": row["progress_done"], "total": row["progress_total"]}}

@@ -1,9 +1,15 @@
 """`segue verify`: run a flow cleanly and under seeded faults, then compare.
 
 Each run gets its own sandbox directory (its working directory and its segue
-home), so relative sink paths of the two runs never meet. The faulted run is
-driven as an operator would: detached controllers, SIGKILLs of workers and
-controllers, pause/resume cycles, and resumes after each crash.
+home) and its own run id (``verify-clean``, ``verify-faulted``), so relative
+sink paths of the two runs never meet; a sink path that would leave the
+sandbox is remapped into it or refused before anything runs
+(segue.verify.sandbox). The faulted run is driven as an operator would:
+detached controllers, SIGKILLs of workers and controllers, pause/resume
+cycles, and resumes after each crash.
+
+A verify that compared nothing (a flow with sinks whose sandboxes hold no
+record, or one with neither step outputs nor files) fails: it proved nothing.
 
 Faults are planned at seeded points of the run's progress (a fraction of the
 work the clean run reported through ``ctx.progress``; for flows that report
@@ -24,19 +30,24 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..flow import load_flow, parse_overrides, resolve
 from ..home import Home
 from ..run.procs import controller_alive, pid_alive, wait_dead
 from ..states import RunState, TaskState
 from .compare import Diff, compare, snapshot
 from .reaper import MARK
+from .sandbox import escaped, keep_inside
 
-RUN_ID = "verify"
+# Different ids: a sink refuses a directory another run owns, so if the runs
+# ever met (an escaped path), the faulted run is refused instead of silently
+# replacing the clean run's output.
+CLEAN_ID, FAULTED_ID = "verify-clean", "verify-faulted"
 KINDS = ("worker", "controller", "pause")
 
 
@@ -57,6 +68,24 @@ class Report:
     faulted_state: str = ""
     paused_s: float = 0.0
     min_faults: int | None = None  # None: every planned fault must land
+    has_sinks: bool = False  # declared by @flow.map, or reported by a step's output
+    escaped: list[str] = field(default_factory=list)  # sinks outside their run's sandbox
+    remapped: dict[str, str] = field(default_factory=dict)  # parameter -> the path each run got
+
+    @property
+    def nothing_compared(self) -> str | None:
+        """Why the comparison proved nothing, or None."""
+        d = self.diff
+        if self.has_sinks and d.records == 0:
+            return ("the flow has sinks, but the clean run's sandbox holds no record of them; check "
+                    "that its input is not empty and that its sinks write inside the sandbox")
+        if d.records == 0 and d.outputs == 0 and not d.missing_files and not d.extra_files:
+            return "the runs returned no step output and wrote no file in their sandboxes"
+        return None
+
+    @property
+    def compared(self) -> bool:
+        return not self.escaped and self.nothing_compared is None
 
     @property
     def planned(self) -> int:
@@ -73,7 +102,23 @@ class Report:
 
     @property
     def identical(self) -> bool:
+        return self.agree and self.compared
+
+    @property
+    def agree(self) -> bool:
+        """Nothing differs (which proves something only if something was compared)."""
         return self.diff.identical and self.clean_state == self.faulted_state == "SUCCEEDED"
+
+    @property
+    def verdict(self) -> str:
+        if self.escaped:
+            return "NOT COMPARED"
+        return "IDENTICAL" if self.identical else "NOTHING COMPARED" if self.agree else "DIFFERENT"
+
+    def problems(self) -> list[str]:
+        """One line each: why the runs could not be compared."""
+        why = self.nothing_compared
+        return self.escaped + ([f"nothing was compared: {why}"] if why and not self.escaped else [])
 
     @property
     def ok(self) -> bool:
@@ -87,6 +132,11 @@ class Report:
         return {
             "ok": self.ok,
             "identical": self.identical,
+            "verdict": self.verdict,
+            "nothing_compared": self.nothing_compared is not None,
+            "outputs_escaped": self.escaped,
+            "params_remapped": self.remapped,
+            "run_ids": {"clean": CLEAN_ID, "faulted": FAULTED_ID},
             "clean_state": self.clean_state,
             "faulted_state": self.faulted_state,
             "faults_planned": {k: planned[k] for k in KINDS if planned[k]},
@@ -97,6 +147,7 @@ class Report:
             "enough_faults": self.enough_faults,
             "faults": self.faults,
             "records_compared": d.records,
+            "step_outputs_compared": d.outputs,
             "records_lost": d.lost,
             "records_duplicated": d.duplicated,
             "records_differing": d.differing,
@@ -124,8 +175,9 @@ def plan(seed: int, kills: int, pauses: int, controller_share: float = 0.25) -> 
 
 
 class _Cli:
-    def __init__(self, workdir: Path, sandbox: Path, pool: Path | str | None = None) -> None:
+    def __init__(self, workdir: Path, sandbox: Path, pool: Path | str | None, run_id: str) -> None:
         self.workdir = workdir
+        self.run_id = run_id
         # The sandboxes use the pool of the home verify was started from: a GPU
         # flow is placed on the same devices, and waits for the same runs.
         # (By environment, as --pool exports it: a PostgreSQL URL stays out of argv.)
@@ -151,14 +203,13 @@ class _Cli:
         return self._store
 
     def state(self) -> RunState:
-        return self.store.get_run(RUN_ID).state
+        return self.store.get_run(self.run_id).state
 
-
-def _run_args(flow: Path, params: Sequence[str]) -> list[str]:
-    out = ["run", str(flow), "--run-id", RUN_ID]
-    for p in params:
-        out += ["--param", p]
-    return out
+    def run_args(self, flow: Path, params: Mapping[str, str]) -> list[str]:
+        out = ["run", str(flow), "--run-id", self.run_id]
+        for k, v in params.items():
+            out += ["--param", f"{k}={v}"]
+        return out
 
 
 def run_verify(
@@ -166,30 +217,42 @@ def run_verify(
     log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
     timeout_s: float = 3600, min_faults: int | None = None, pool: Path | str | None = None,
 ) -> Report:
+    cwd = Path.cwd()  # where the user's relative paths point; the runs work in their sandboxes
     flow = flow.resolve()
     clean_dir, faulted_dir = base / "clean", base / "faulted"
     clean_dir.mkdir(parents=True)
     faulted_dir.mkdir(parents=True)
-    clean = _Cli(clean_dir, base, pool)
+    loaded = load_flow(flow)
+    overrides = parse_overrides(params)
+    # Before anything runs: a declared sink outside the sandbox is remapped into it, or refused.
+    overrides, remapped, has_sinks = keep_inside(
+        loaded.flow.steps, CLEAN_ID, resolve(loaded.flow.params, overrides), overrides, clean_dir, cwd, log)
+    values = resolve(loaded.flow.params, overrides)
+    clean = _Cli(clean_dir, base, pool, CLEAN_ID)
     log("clean run ...")
     t0 = time.monotonic()
-    proc = clean(*_run_args(flow, params), check=False)
+    proc = clean(*clean.run_args(flow, overrides), check=False)
     clean_s = time.monotonic() - t0
     if proc.returncode == 2:  # refused at submit (say, a need the pool cannot meet): say why
         raise UsageError(proc.stderr.strip().removeprefix("segue: ") or "the clean run was refused")
     clean_state = clean.state().value
-    totals = {t.step: float(t.progress_total) for t in clean.store.get_tasks(RUN_ID)
+    totals = {t.step: float(t.progress_total) for t in clean.store.get_tasks(CLEAN_ID)
               if t.progress_total}
     log(f"clean run {clean_state} in {clean_s:.1f}s")
+    a = snapshot(clean_dir, Home.resolve(clean_dir / ".segue"), CLEAN_ID)
+    out = escaped(a.sinks, clean_dir, values, "clean")
+    if out:  # the faulted run would write the same place: not run, nothing to compare
+        return Report(clean_s=clean_s, faulted_s=0.0, clean_state=clean_state, faulted_state="NOT RUN",
+                      min_faults=min_faults, has_sinks=True, escaped=out, remapped=remapped)
 
     faults = plan(seed, kills, pauses)
-    cli = _Cli(faulted_dir, base, pool)
+    cli = _Cli(faulted_dir, base, pool, FAULTED_ID)
     log(f"faulted run with {kills} kills and {pauses} pause/resume cycles (seed {seed}) ...")
     deadline = time.monotonic() + timeout_s
     t0 = time.monotonic()
-    cli(*_run_args(flow, params), "--detach")
+    cli(*cli.run_args(flow, overrides), "--detach")
     report_faults: list[dict[str, Any]] = []
-    clock = _Progress(clean_s, t0, totals)
+    clock = _Progress(clean_s, t0, totals, FAULTED_ID)
     for f in faults:
         entry: dict[str, Any] = {"kind": f.kind, "at": round(f.at, 3)}
         target = _wait_for(cli, clock, f, deadline)
@@ -212,12 +275,13 @@ def run_verify(
     faulted_state = cli.state().value
     log(f"faulted run {faulted_state} in {faulted_s:.1f}s")
 
-    a = snapshot(clean_dir, Home.resolve(clean_dir / ".segue"), RUN_ID)
-    b = snapshot(faulted_dir, Home.resolve(faulted_dir / ".segue"), RUN_ID)
+    b = snapshot(faulted_dir, Home.resolve(faulted_dir / ".segue"), FAULTED_ID)
     rep = Report(clean_s=clean_s, faulted_s=faulted_s, faults=report_faults,
                  diff=compare(a, b, ignore_outputs=ignore_outputs), clean_state=clean_state,
-                 faulted_state=faulted_state, paused_s=clock.paused_s, min_faults=min_faults)
-    stats: dict[str, float] = getattr(cli.store, "get_stats", lambda r: {})(RUN_ID)
+                 faulted_state=faulted_state, paused_s=clock.paused_s, min_faults=min_faults,
+                 has_sinks=has_sinks or bool(a.sinks or b.sinks),
+                 escaped=escaped(b.sinks, faulted_dir, values, "faulted"), remapped=remapped)
+    stats: dict[str, float] = getattr(cli.store, "get_stats", lambda r: {})(FAULTED_ID)
     rep.work_redone_s = float(stats.get("work_redone_s", 0.0))
     return rep
 
@@ -235,6 +299,7 @@ class _Progress:
     clean_s: float
     t0: float
     totals: dict[str, float]  # step -> progress total reported in the clean run
+    run_id: str = FAULTED_ID
     paused_s: float = 0.0
     first_lease: dict[tuple[str, int], float] = field(default_factory=dict)
 
@@ -248,7 +313,7 @@ class _Progress:
         first = self.first_lease.setdefault((t.step, t.epoch), t.lease_until or 0.0)
         if (t.lease_until or 0.0) > first:
             return True
-        return any(c.epoch == t.epoch for c in store.list_checkpoints(RUN_ID, t.step))
+        return any(c.epoch == t.epoch for c in store.list_checkpoints(self.run_id, t.step))
 
     def fraction(self, tasks: list[Any]) -> float:
         if not self.totals:
@@ -264,12 +329,12 @@ class _Progress:
 
 def _keep_going(cli: _Cli) -> RunState:
     """Resume the run as an operator would when nothing drives it; returns its state."""
-    run = cli.store.get_run(RUN_ID)
+    run = cli.store.get_run(cli.run_id)
     if run.state in (RunState.FAILED, RunState.PAUSED) or (
         run.state in (RunState.RUNNING, RunState.PAUSING) and not controller_alive(run)
     ):
         # Kills count against retries; an operator would resume.
-        cli("resume", RUN_ID, "--detach", check=False)
+        cli("resume", cli.run_id, "--detach", check=False)
         wait_dead_or_driven(cli)
     return cli.state()
 
@@ -278,7 +343,7 @@ def wait_dead_or_driven(cli: _Cli, timeout_s: float = 30.0) -> None:
     """After a resume: wait until a controller holds the run (or it rests), so we do not resume twice."""
     end = time.monotonic() + timeout_s
     while time.monotonic() < end:
-        run = cli.store.get_run(RUN_ID)
+        run = cli.store.get_run(cli.run_id)
         if controller_alive(run) or run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
             return
         time.sleep(0.02)
@@ -290,8 +355,8 @@ def _wait_for(cli: _Cli, clock: _Progress, f: Fault, deadline: float) -> dict[st
         state = _keep_going(cli)
         if state in (RunState.SUCCEEDED, RunState.CANCELLED):
             return None
-        run = cli.store.get_run(RUN_ID)
-        tasks = cli.store.get_tasks(RUN_ID)
+        run = cli.store.get_run(cli.run_id)
+        tasks = cli.store.get_tasks(cli.run_id)
         if clock.fraction(tasks) >= f.at and run.state == RunState.RUNNING and controller_alive(run):
             if f.kind != "worker":
                 return {"controller": run.controller_pid}
@@ -338,7 +403,7 @@ def _inject(cli: _Cli, target: dict[str, Any], f: Fault) -> tuple[bool, dict[str
             detail["why"] = why
         return landed, detail
     t = time.monotonic()
-    proc = cli("pause", RUN_ID, "--wait", "--timeout", "120", check=False)
+    proc = cli("pause", cli.run_id, "--wait", "--timeout", "120", check=False)
     paused = time.monotonic() - t
     if proc.returncode != 0:
         return False, {"why": (proc.stderr.strip() or proc.stdout.strip()).removeprefix("segue: ")}

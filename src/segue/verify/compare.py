@@ -3,8 +3,13 @@
 A snapshot holds every step's committed output and every file the run wrote
 in its working directory (sinks with relative paths land there). Record
 files are compared record by record as multisets: JSON Lines by line, CSV by
-row, Parquet by row, SQLite databases by table row; any other file counts as
-one record, its bytes.
+row, Parquet by row, SQLite databases by table row (not segue's own
+bookkeeping tables: a SQL sink's ledger, owners and staging, which name the
+run and count its attempts); any other file counts as one record, its bytes.
+
+The two runs have different run ids, so a sink names its parts differently
+in each (a hash of run and step): records are compared, not names, and the
+run id in an output value or a file's path reads ``<run>`` in both.
 """
 
 from __future__ import annotations
@@ -25,20 +30,32 @@ from ..home import Home
 
 SKIP_DIRS = {".segue", "__pycache__"}
 RECORD_SUFFIXES = {".jsonl", ".ndjson", ".csv", ".parquet"}
+# segue.data.sinks.sql and .sql_owner: bookkeeping, not output.
+SEGUE_TABLES = ("segue_sink_ledger", "segue_sink_owner")
+SEGUE_TABLE_PREFIX = "segue_staged_"
 
 
-def _norm(value: Any, sandbox: str | None = None) -> Any:
+def _norm_text(text: str, sandbox: str | None, run_id: str | None) -> str:
+    if sandbox and sandbox in text:
+        text = text.replace(sandbox, "<sandbox>")
+    if run_id and run_id in text:
+        text = text.replace(run_id, "<run>")
+    return text
+
+
+def _norm(value: Any, sandbox: str | None = None, run_id: str | None = None) -> Any:
     """A JSON-able, canonical form of an output value (arrays by dtype, shape and hash).
 
-    Paths inside the run's sandbox are written relative to it, so the two
-    runs' outputs compare equal when they name the same relative files.
+    Paths inside the run's sandbox are written relative to it, and the run's
+    id as ``<run>`` (a dead-letter sink's path holds it), so the two runs'
+    outputs compare equal when they name the same relative files.
     """
     if isinstance(value, dict):
-        return {str(k): _norm(v, sandbox) for k, v in value.items()}
+        return {_norm_text(str(k), sandbox, run_id): _norm(v, sandbox, run_id) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_norm(v, sandbox) for v in value]
-    if isinstance(value, str) and sandbox and sandbox in value:
-        return value.replace(sandbox, "<sandbox>")
+        return [_norm(v, sandbox, run_id) for v in value]
+    if isinstance(value, str):
+        return _norm_text(value, sandbox, run_id)
     if isinstance(value, np.ndarray):
         arr = np.ascontiguousarray(value)
         return {"dtype": str(arr.dtype), "shape": list(arr.shape),
@@ -80,7 +97,8 @@ def _file_records(path: Path) -> list[str]:
         recs = []
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
         try:
-            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+                      if r[0] not in SEGUE_TABLES and not r[0].startswith(SEGUE_TABLE_PREFIX)]
             for t in tables:
                 for row in conn.execute(f'SELECT * FROM "{t}"'):  # noqa: S608 - names from the catalog
                     recs.append(canonical_json([t, _norm(list(row))]))
@@ -94,6 +112,16 @@ def _file_records(path: Path) -> list[str]:
 class Snapshot:
     outputs: dict[str, Any] = field(default_factory=dict)  # step -> canonical output
     files: dict[str, Counter[str]] = field(default_factory=dict)  # relative path -> records
+    # step -> where its sinks wrote, as a data step's output reports them (its
+    # "sink" and "dead_letter"): what verify checks lies inside the sandbox.
+    sinks: dict[str, list[str]] = field(default_factory=dict)
+
+
+def reported_sinks(value: Any) -> list[str]:
+    """The sinks a data step's output names (segue.data.driver's summary), or []."""
+    if not isinstance(value, dict) or not isinstance(value.get("sink"), str):
+        return []
+    return [v for v in (value.get("sink"), value.get("dead_letter")) if isinstance(v, str)]
 
 
 def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
@@ -103,12 +131,14 @@ def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
     for t in store.get_tasks(run_id):
         if t.output_ref is not None:
             value = ckpt.load(storage, t.output_ref).state["value"]
-            snap.outputs[t.step] = _norm(value, str(workdir.resolve()))
-    snap.files = snapshot_files(workdir)
+            snap.outputs[t.step] = _norm(value, str(workdir.resolve()), run_id)
+            if sinks := reported_sinks(value):
+                snap.sinks[t.step] = sinks
+    snap.files = snapshot_files(workdir, run_id)
     return snap
 
 
-def snapshot_files(workdir: Path) -> dict[str, Counter[str]]:
+def snapshot_files(workdir: Path, run_id: str | None = None) -> dict[str, Counter[str]]:
     """The records of every file under ``workdir``, pooled per directory for record files.
 
     In a segue sink's directory only the published set counts (the parts of
@@ -130,13 +160,14 @@ def snapshot_files(workdir: Path) -> dict[str, Counter[str]]:
         # Record files are pooled per directory: how a sink cuts its output into
         # part files depends on when checkpoints happened, not on the records.
         key = (rel.parent.as_posix() + "/*" + p.suffix) if p.suffix in RECORD_SUFFIXES else rel.as_posix()
-        files.setdefault(key, Counter()).update(_file_records(p))
+        files.setdefault(_norm_text(key, None, run_id), Counter()).update(_file_records(p))
     return files
 
 
 @dataclass
 class Diff:
-    records: int = 0
+    records: int = 0  # records of the clean run's files that were compared
+    outputs: int = 0  # step outputs compared
     lost: int = 0
     duplicated: int = 0
     differing: int = 0
@@ -156,6 +187,7 @@ def compare(clean: Snapshot, faulted: Snapshot, *, ignore_outputs: frozenset[str
     for step in sorted(set(clean.outputs) | set(faulted.outputs)):
         if step in ignore_outputs:
             continue
+        d.outputs += 1
         if clean.outputs.get(step) != faulted.outputs.get(step):
             d.differing_outputs.append(step)
     for rel in sorted(set(clean.files) | set(faulted.files)):

@@ -9,6 +9,13 @@ crash finds the part already counted and skips it. ``mode="upsert"`` copies
 with ``ON CONFLICT (key) DO UPDATE`` instead, idempotent even without the
 ledger. Every publish first checks the ledger epoch: a zombie is refused.
 
+A table that does not exist is created in the transaction of the first
+publish, with the types of the first batch's values (staged in a table of
+those types: :func:`segue.data._sql.column_type`); values a text column
+cannot hold as they are (dicts, lists...) are stored as JSON. A database
+error no retry can fix (a constraint, a missing column) fails the step at
+once (DataError); busy, locked or lost connections stay retryable.
+
 The table belongs to one step of one run (``segue_sink_owner``, see
 :mod:`.sql_owner`): another run is refused unless its mode says otherwise
 (``append``, ``overwrite``, or ``upsert``, which merges by key). Opened
@@ -24,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ...errors import FencedError
-from .._sql import Db, ident
+from .._sql import Db, as_text, column_type, ident, is_text, not_retried
 from ..errors import DataError, SinkOwnedError
 from .base import Scope, Sink
 from .sql_owner import OWNERS, TableOwnership
@@ -38,9 +45,14 @@ LEDGER = """CREATE TABLE IF NOT EXISTS segue_sink_ledger (
 
 
 class SqlSink(Sink):
-    """Insert dict records into ``table`` (which must exist) with exactly-once semantics."""
+    """Insert dict records into ``table`` with exactly-once semantics.
 
-    def __init__(self, url: str, table: str, columns: Sequence[str], *, mode: str = "transactional",
+    ``columns``: the record keys to store, one column each; empty: the
+    existing table's columns. A missing table is created (see the module doc),
+    so it needs ``columns``; with ``key`` it gets that primary key.
+    """
+
+    def __init__(self, url: str, table: str, columns: Sequence[str] = (), *, mode: str = "transactional",
                  key: Sequence[str] = ()) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
@@ -58,6 +70,7 @@ class SqlSink(Sink):
         self._next_part = 0
         self._pending: list[int] = []
         self._own: TableOwnership | None = None
+        self._text: list[bool] = []  # per column: a text column (values it cannot bind go as JSON)
 
     @property
     def own(self) -> TableOwnership:
@@ -123,40 +136,95 @@ class SqlSink(Sink):
             self.db.execute("UPDATE segue_sink_ledger SET committed = ? WHERE run_id = ? AND step = ? "
                             "AND sink = ?", (top, s.run_id, s.step, self.table))
 
+    def _missing(self) -> DataError:
+        return DataError(f"table {self.table} does not exist and SqlSink was given no columns to create "
+                         f"it with; pass columns=[...] or create the table first")
+
     def preflight(self, run_id: str, step: str) -> None:
         if self.url.startswith("sqlite:///") and not os.path.exists(self.url[len("sqlite:///"):]):
+            if not self.columns:
+                raise self._missing()
             return  # nothing there yet; connecting would create the file
         db = Db(self.url)
         try:
-            has = db.execute("SELECT 1 FROM segue_sink_owner WHERE 1 = 0")
-            has.fetchall()
-        except Exception:  # noqa: BLE001 - no ownership table: no run claimed anything yet
-            db.close()
-            return
-        try:
+            if not self.columns and not db.table_exists(self.table):
+                raise self._missing()
+            try:
+                db.execute("SELECT 1 FROM segue_sink_owner WHERE 1 = 0").fetchall()
+            except Exception:  # noqa: BLE001 - no ownership table: no run claimed anything yet
+                return
             db.begin()
             try:
                 TableOwnership(db, self.table, run_id, step, self.mode).claim_at_open()
             except SinkOwnedError:
                 raise
-            except Exception:  # noqa: BLE001 - e.g. the table does not exist yet: checked at start
+            except Exception:  # noqa: BLE001 - anything else is checked at start
                 pass
             finally:
                 db.rollback()  # a check only: the claim itself is the first start's
         finally:
             db.close()
 
+    def _check_columns(self) -> None:
+        """Take the table's columns if none were given; refuse a declared column it lacks."""
+        found = [name for name, _ in self.db.column_types(self.table)]
+        if not found:
+            if not self.columns:
+                raise self._missing()
+            return  # created by the first publish
+        if not self.columns:
+            self.columns = [ident(c) for c in found]
+        have = {c.lower() for c in found}
+        lacking = [c for c in self.columns if c.lower() not in have]
+        if lacking:
+            raise DataError(f"table {self.table} has no column {', '.join(lacking)} (its columns: "
+                            f"{', '.join(found)}); add them to the table or leave them out of columns=")
+
+    def _ensure_staging(self) -> None:
+        """Inside stage's transaction: the staging table, typed like the table or, while there
+        is none, like the first batch's values."""
+        db = self.db
+        if not db.table_exists(self.staged_table):
+            cols = ", ".join(self.columns)
+            if db.table_exists(self.table):
+                db.execute(f"CREATE TABLE IF NOT EXISTS {self.staged_table} AS SELECT {cols}, "
+                           f"CAST(NULL AS TEXT) AS segue_tag FROM {self.table} WHERE 1 = 0")
+            else:
+                typed = ", ".join(f"{c} {column_type([row[i] for row in self._buf], db.dialect)}"
+                                  for i, c in enumerate(self.columns))
+                db.execute(f"CREATE TABLE IF NOT EXISTS {self.staged_table} ({typed}, segue_tag TEXT)")
+        types = {c.lower(): t for c, t in db.column_types(self.staged_table)}
+        self._text = [is_text(types.get(c.lower(), "")) for c in self.columns]
+
+    def _ensure_table(self) -> None:
+        """Inside a publish transaction: create a missing table with the staging table's types."""
+        db = self.db
+        if db.table_exists(self.table):
+            return
+        types = {c.lower(): t for c, t in db.column_types(self.staged_table)}
+        cols = ", ".join(f"{c} {types[c.lower()]}" for c in self.columns)
+        key = f", PRIMARY KEY ({', '.join(self.key)})" if self.key else ""
+        db.execute(f"CREATE TABLE IF NOT EXISTS {self.table} ({cols}{key})")
+
     def open(self, scope: Scope, state: dict[str, Any] | None) -> None:
         self._scope = scope
-        db = self.db
-        cols = ", ".join(self.columns)
         self._own = None  # bound to this connection: rebuilt after close()
-        for ddl in (LEDGER, OWNERS, f"CREATE TABLE IF NOT EXISTS {self.staged_table} AS SELECT {cols}, "
-                            f"CAST(NULL AS TEXT) AS segue_tag FROM {self.table} WHERE 1 = 0"):
+        self._text = []
+        try:
+            with not_retried(f"table {self.table}"):
+                self._open(state)
+        except BaseException:
+            self.close()  # a sink that failed to open holds no connection
+            raise
+
+    def _open(self, state: dict[str, Any] | None) -> None:
+        db = self.db
+        for ddl in (LEDGER, OWNERS):
             try:
                 db.execute(ddl)
             except Exception:  # noqa: BLE001 - a concurrent creator won the race
                 db.rollback()
+        self._check_columns()
         try:
             committed = self._txn_fenced(advance=True)
             self.own.claim_at_open()
@@ -170,12 +238,14 @@ class SqlSink(Sink):
                     f"start a new run into a clean table"
                 )
             if state is not None and state["pending"]:
+                self._ensure_table()
                 self.own.before_publish()
                 self._publish_parts([(p["part"], p["epoch"]) for p in state["pending"]], committed)
             keep = [self._tag(p["part"], p["epoch"]) for p in (state or {}).get("pending", [])]
-            pre = scope.prefix
-            db.execute(f"DELETE FROM {self.staged_table} WHERE substr(segue_tag, 1, ?) = ?"
-                       + "".join(" AND segue_tag <> ?" for _ in keep), (len(pre), pre, *keep))
+            pre = self.scope.prefix
+            if db.table_exists(self.staged_table):
+                db.execute(f"DELETE FROM {self.staged_table} WHERE substr(segue_tag, 1, ?) = ?"
+                           + "".join(" AND segue_tag <> ?" for _ in keep), (len(pre), pre, *keep))
             db.commit()
         except BaseException:
             db.rollback()
@@ -213,14 +283,20 @@ class SqlSink(Sink):
         tag = self._tag(part)
         marks = ", ".join("?" for _ in range(len(self.columns) + 1))
         db = self.db
-        db.begin()
-        try:
-            db.executemany(f"INSERT INTO {self.staged_table} ({', '.join(self.columns)}, segue_tag) "
-                           f"VALUES ({marks})", [(*row, tag) for row in self._buf])
-            db.commit()
-        except BaseException:
-            db.rollback()
-            raise
+        with not_retried(f"table {self.table}"):
+            db.begin()
+            try:
+                if not self._text:  # once per open: the staging table and its text columns
+                    self._ensure_staging()
+                text = self._text
+                rows = [(*(as_text(v) if t else v for v, t in zip(row, text, strict=True)), tag)
+                        for row in self._buf]
+                db.executemany(f"INSERT INTO {self.staged_table} ({', '.join(self.columns)}, segue_tag) "
+                               f"VALUES ({marks})", rows)
+                db.commit()
+            except BaseException:
+                db.rollback()
+                raise
         self._next_part += 1
         self._pending.append(part)
         self._buf = []
@@ -233,14 +309,16 @@ class SqlSink(Sink):
         if not self._pending:
             return
         s = self.scope
-        try:
-            committed = self._txn_fenced(advance=False)
-            self.own.before_publish()
-            self._publish_parts([(p, s.epoch) for p in self._pending], committed)
-            self.db.commit()
-        except BaseException:
-            self.db.rollback()
-            raise
+        with not_retried(f"table {self.table}"):
+            try:
+                committed = self._txn_fenced(advance=False)
+                self._ensure_table()
+                self.own.before_publish()
+                self._publish_parts([(p, s.epoch) for p in self._pending], committed)
+                self.db.commit()
+            except BaseException:
+                self.db.rollback()
+                raise
         self._pending = []
 
     def finish(self) -> None:

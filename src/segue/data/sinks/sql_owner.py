@@ -67,6 +67,8 @@ class TableOwnership:
                         (self.table, self.run_id, self.step, role, int(exclusive)))
 
     def _has_rows(self) -> bool:
+        if not self.db.table_exists(self.table):
+            return False  # the sink creates it at its first publish
         return self.db.execute(f"SELECT 1 FROM {self.table} LIMIT 1").fetchone() is not None
 
     def claim_at_open(self) -> None:

@@ -17,7 +17,7 @@ import stat
 from abc import abstractmethod
 from typing import Any
 
-from ..errors import PositionError
+from ..errors import MissingInputError, PositionError
 from .base import Shard, Source
 
 DEFAULT_SHARD_BYTES = 64 << 20
@@ -66,7 +66,12 @@ def _to_fs(url: str) -> tuple[Any, str]:
 
 
 def list_files(urls: str | list[str]) -> tuple[Any, list[str]]:
-    """(filesystem, sorted paths) for a file, a directory, a glob, or a list of them."""
+    """(filesystem, sorted paths) for a file, a directory, a glob, or a list of them.
+
+    Each of them must name at least one file (MissingInputError otherwise): an
+    empty input is a wrong path far more often than a real empty dataset, and a
+    step that read nothing would succeed with 0 records. Listing only: no file is read.
+    """
     urls = [urls] if isinstance(urls, str | os.PathLike) else list(urls)
     fs = None
     paths: set[str] = set()
@@ -77,14 +82,29 @@ def list_files(urls: str | list[str]) -> tuple[Any, list[str]]:
         elif type(fs_i) is not type(fs):
             raise ValueError(f"all inputs must be on one filesystem; {url!r} is not")
         if _glob.has_magic(path):
-            paths.update(p for p in fs_i.glob(path) if fs_i.isfile(p))
+            found = [p for p in fs_i.glob(path) if fs_i.isfile(p)]
+            what = "{} matches no file; check the path or the glob"
         elif fs_i.isdir(path):
-            paths.update(_published_only(fs_i, [p for p in fs_i.find(path) if not _hidden(p, path)]))
+            found = _published_only(fs_i, [p for p in fs_i.find(path) if not _hidden(p, path)])
+            what = ("directory {} holds no input file (names that start with '.' or '_' are "
+                    "skipped); check the path, or put the files there first")
         else:
-            paths.add(path)
+            found = [path] if fs_i.isfile(path) else []
+            what = "file {} does not exist; check the path"
+        if not found:
+            raise MissingInputError(_missing(os.fspath(url), what))
+        paths.update(found)
     if fs is None:
         raise ValueError("no input files given")
     return fs, sorted(paths)
+
+
+def _missing(url: str, what: str) -> str:
+    """``input ...`` with the URL as given, saying where a relative local path was looked for."""
+    path = url[len("file://"):] if url.startswith("file://") else url
+    rel = "://" not in path and not os.path.isabs(os.path.expanduser(path))
+    where = f" (relative paths resolve from the working directory, {os.getcwd()})" if rel else ""
+    return f"input {what.format(repr(url))}{where}"
 
 
 def _published_only(fs: Any, found: list[str]) -> list[str]:

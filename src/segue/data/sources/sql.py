@@ -18,6 +18,8 @@ from .._sql import Db, ident
 from ..errors import InputChangedError, PositionError
 from .base import Batch, Position, Shard, Source
 
+NEW_ROWS_ONLY = "include-new accepts new rows past the pinned max key only, not removed ones"
+
 
 @dataclass
 class KeyRangeShard(Shard):
@@ -127,10 +129,13 @@ class SqlSource(Source):
         if old == new or policy == "pin":
             return snapshot
         change = f"query rows {old['rows']} -> {new['rows']}, max {self.key} {old['max_key']!r} -> {new['max_key']!r}"
-        if policy == "fail":
-            raise InputChangedError(step, [change])
-        if old["max_key"] is not None and (new["max_key"] is None or new["max_key"] < old["max_key"]):
-            raise InputChangedError(step, [change + " (rows were removed)"])
+        shrank = old["max_key"] is not None and (new["max_key"] is None or new["max_key"] < old["max_key"])
+        if policy == "fail":  # pin reads up to the pinned max key; include-new also past it
+            raise InputChangedError(step, [change], accepts=("pin",) if shrank else ("include-new", "pin"),
+                                    note=NEW_ROWS_ONLY if shrank else "")
+        if shrank:
+            raise InputChangedError(step, [change + " (rows were removed)"], accepts=("pin",),
+                                    note=NEW_ROWS_ONLY)
         bounds = list(snapshot.get("bounds", []))
         if old["max_key"] is not None:
             bounds.append(old["max_key"])

@@ -41,6 +41,9 @@ class Attempt:
     restored: int | None = None  # seq of the checkpoint it restored, when known
     restored_how: str = ""  # "event": a warning named it; "inferred": newest one before the start
     error: str | None = None  # from the failure event, if it failed
+    # Lost with its controller: it ended, unseen, at its last heartbeat (the "accounting"
+    # event of its reclaim), not when the next controller reclaimed it.
+    last_alive: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +88,12 @@ def read_history(events: Sequence[Event], checkpoints: Iterable[CheckpointRecord
     open_: dict[str, Attempt] = {}
     failures: dict[tuple[str, int], str] = {}
     marks: list[Interruption] = []
+    lost_marks: dict[tuple[str, int], int] = {}  # (step, epoch) -> index of its "lost" mark
+    seen: dict[tuple[str, int], float] = {}  # (step, epoch) -> its newest event (a sign of life)
     for e in events:
         d = e.data or {}
+        if e.step and isinstance(d.get("epoch"), int) and e.kind in ("checkpoint", "warning", "scale"):
+            seen[(e.step, d["epoch"])] = e.time
         if e.kind == "task" and e.step:
             if e.to_state == "RUNNING" and "epoch" in d:
                 a = Attempt(step=e.step, attempt=int(d.get("attempt", d["epoch"])), epoch=int(d["epoch"]),
@@ -99,7 +106,13 @@ def read_history(events: Sequence[Event], checkpoints: Iterable[CheckpointRecord
                 a.error = failures.get((e.step, a.epoch))
                 mark = _task_mark(e, a)
                 if mark is not None:
+                    if mark.kind == "lost":
+                        lost_marks[(a.step, a.epoch)] = len(marks)
                     marks.append(mark)
+        elif e.kind == "accounting" and e.step and isinstance(d.get("end"), int | float):
+            mine = [a for a in attempts if a.step == e.step and a.epoch == d.get("epoch")]
+            if mine and mine[-1].outcome == "PENDING":
+                _ended_unseen(mine[-1], float(d["end"]), marks, lost_marks)
         elif e.kind == "failure" and e.step:
             failures[(e.step, int(d.get("epoch", 0)))] = str(d.get("error", e.reason))
         elif e.kind == "warning" and e.step and d.get("used_seq") is not None and e.step in open_:
@@ -110,8 +123,24 @@ def read_history(events: Sequence[Event], checkpoints: Iterable[CheckpointRecord
             mark = _run_mark(e)
             if mark is not None:
                 marks.append(mark)
+    for a in attempts:
+        if a.outcome == "PENDING" and a.last_alive is None:
+            # Reclaimed before its reclaim was accounted: its newest event is the
+            # last sign of life we know of (a lower bound of when it ended).
+            _ended_unseen(a, seen.get((a.step, a.epoch), a.start), marks, lost_marks)
     _infer_restores(attempts, list(checkpoints), events)
     return History(attempts=attempts, gaps=_gaps(attempts, events), interruptions=marks)
+
+
+def _ended_unseen(a: Attempt, at: float, marks: list[Interruption],
+                  lost_marks: dict[tuple[str, int], int]) -> None:
+    """An attempt lost with its controller ended at ``at``, its last sign of life."""
+    a.last_alive = at = max(a.start, min(at, a.end if a.end is not None else at))
+    a.end = at
+    i = lost_marks.get((a.step, a.epoch))
+    if i is not None:
+        m = marks[i]
+        marks[i] = Interruption(at, m.kind, m.label, m.actor, m.step)
 
 
 def _run_mark(e: Event) -> Interruption | None:
@@ -257,34 +286,26 @@ class Point:
     records: float | None
 
 
-def done_of(position: Any) -> float | None:
-    """How far a checkpoint's position says the step got: ``done``, else its first number."""
-    if isinstance(position, bool):
-        return None
-    if isinstance(position, int | float):
-        return float(position)
-    if isinstance(position, dict):
-        if isinstance(position.get("done"), int | float):
-            return float(position["done"])
-        for v in position.values():
-            if isinstance(v, int | float) and not isinstance(v, bool):
-                return float(v)
-    return None
-
-
 def _num(d: Any, key: str) -> float | None:
     v = d.get(key) if isinstance(d, dict) else None
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def series(cks: Iterable[CheckpointRecord], step: str, *, max_points: int = 300) -> list[Point]:
-    """The step's committed positions over time (every checkpoint, pruned ones included)."""
+def series(events: Iterable[Event], step: str, *, max_points: int = 300) -> list[Point]:
+    """What the step reported as its progress (``ctx.progress``: done of total) over time,
+    as recorded with each checkpoint commit. A position is not progress (a batch index
+    restarts every epoch): only a data step's, which says ``done``, stands in for runs
+    recorded before commits carried the progress."""
+    commits = [e for e in events if e.kind == "checkpoint" and e.step == step and e.to_state is None
+               and isinstance(e.data, dict) and "position" in e.data]
+    reported = any(isinstance(e.data.get("progress"), dict) for e in commits)
     pts = []
-    for c in sorted((c for c in cks if c.step == step), key=lambda c: (c.created_at, c.seq)):
-        done = done_of(c.position)
+    for e in commits:
+        pos = e.data["position"]
+        got = e.data.get("progress") if reported else pos
+        done = _num(got, "done")
         if done is not None:
-            pts.append(Point(c.created_at, done, _num(c.position, "total"), _num(c.position, "failures"),
-                             _num(c.position, "records_in")))
+            pts.append(Point(e.time, done, _num(got, "total"), _num(pos, "failures"), _num(pos, "records_in")))
     if len(pts) > max_points:  # keep the shape and the newest point
         k = -(-len(pts) // max_points)
         pts = pts[::k] + ([pts[-1]] if (len(pts) - 1) % k else [])

@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ...client.local import LocalClient
+from ...run.procs import controller_alive
 from ...scheduler.policy import priority_class, priority_name
 from ...scheduler.pricing import UNKNOWN_GPU, Prices
 from ...scheduler.views import display_states
@@ -75,8 +76,12 @@ def _row(client: LocalClient, prices: Prices, r: RunRecord, shown: str, now: flo
     live = r.state in LIVE
     if started is None:
         duration = None
-    elif live:
+    elif live and controller_alive(r, client.store.now()):
         duration = now - started
+    elif live:
+        # Nothing drives it (its controller died): it stopped at its last sign of life,
+        # the newest write of its controller or of an attempt, not now.
+        duration = max([*(t.updated_at for t in tasks), r.updated_at]) - started
     else:
         duration = max([*ends, r.updated_at]) - started
     cost, exact = _cost(client, prices, r.run_id, live)

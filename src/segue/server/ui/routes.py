@@ -25,6 +25,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from ... import errors
 from ...client.local import LocalClient
 from ...home import check_run_id
+from ...run.logs import check_step
 from ..app import status_of
 from ..auth import Principal
 from ..security import COOKIE, Security
@@ -149,8 +150,11 @@ def register(app: FastAPI, client_for: Callable[[Principal], LocalClient], sec: 
             return to_login(request)
         try:
             check_run_id(run_id)
+            if step is not None:
+                check_step(step)  # 400 before anything is read: step names become file names
             data = views.run_page(client_for(p), p, run_id, step=step, attempt=attempt, events_filter=events,
                                   expand=[g for g in expand[:64] if len(g) <= 80])
+            _check_selected(data, run_id, step, attempt)
         except errors.SegueError as exc:
             return failed(request, p, exc)
         name = "run_live.html" if partial else "run.html"
@@ -177,6 +181,18 @@ def register(app: FastAPI, client_for: Callable[[Principal], LocalClient], sec: 
             return Response("not found", status_code=404, media_type="text/plain")
         return Response((HERE / "static" / name).read_bytes(), media_type=STATIC[name],
                         headers={"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"})
+
+
+def _check_selected(d: views.RunPage, run_id: str, step: str | None, attempt: int | None) -> None:
+    """A step or attempt the run lacks is a 404 (as in the API), not the page of another one."""
+    names = [s.name for s in d.status.steps]
+    if step is not None and step not in names:
+        raise errors.NotFoundError(f"run {run_id!r} has no step {step!r}; its steps: {', '.join(names)}")
+    if attempt is not None and d.selected.attempt != attempt:
+        tried = [str(a.attempt) for a in d.selected.attempts]
+        have = f"attempts {', '.join(tried)}" if tried else "no attempts yet"
+        raise errors.NotFoundError(f"step {d.selected.step!r} of run {run_id!r} has {have}; "
+                                   f"there is no attempt {attempt}")
 
 
 def _safe_next(target: str) -> str:

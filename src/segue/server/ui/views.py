@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ...client.base import RESTING
@@ -24,6 +24,7 @@ from ..auth import Principal
 from . import dag
 from .charts import ROW_H, LineChart, TimeAxis, Timeline, hms, line_chart
 from .history import Attempt, History, Interruption, rates, read_history, series
+from .metricsview import StepMetrics, step_metrics
 
 FINISHED = ("SUCCEEDED", "CANCELLED")
 EVENT_FILTERS = ("important", "all", "failures")
@@ -94,6 +95,8 @@ class StepRow:
     waiting_for: str | None
     data: dict[str, Any]  # a data step's position: shard, records, failures, rate, eta
     write_cost_s: float | None  # measured checkpoint cost (from the interval tuner's events)
+    shards: str | None = None  # a data step's shards, split-aware: "9/9 shards done (8 + 1 split)"
+    earlier_errors: list[dict[str, Any]] = field(default_factory=list)  # history, not the step's error
 
     @property
     def fraction(self) -> float | None:
@@ -158,6 +161,7 @@ class RunPage:
     now: float
     follow: bool  # the page keeps refreshing
     poll_ms: int
+    metrics: list[StepMetrics] = field(default_factory=list)  # ctx.log_metrics, over each step's counter
 
 
 def _step_rows(st: RunStatus, graph: dag.Graph, events: Sequence[Event]) -> list[StepRow]:
@@ -173,11 +177,36 @@ def _step_rows(st: RunStatus, graph: dag.Graph, events: Sequence[Event]) -> list
                                     "rate_rps", "eta_s") if isinstance(pos, dict) and k in pos}
         rows.append(StepRow(s.name, s.state, member.get(s.name), s.progress.get("done"), s.progress.get("total"),
                             s.progress.get("unit"), s.attempts, s.failures, s.last_checkpoint, s.error,
-                            s.waiting_for, data, costs.get(s.name)))
+                            s.waiting_for, data, costs.get(s.name), shards_text(pos), s.earlier_errors))
     return rows
 
 
-def _gantt(hist: History, steps: list[StepRow], axis: TimeAxis, now: float) -> Timeline:
+def shards_text(pos: Any) -> str | None:
+    """Where a data step is among its shards. A parallel step's position counts the
+    pieces splits made ("shards" is the input's count) and the ones queued and running."""
+    if not isinstance(pos, dict) or not isinstance(pos.get("shards"), int):
+        return None
+    n = pos["shards"]
+    if isinstance(pos.get("slots"), list):
+        splits = pos.get("splits") if isinstance(pos.get("splits"), int) else 0
+        running = sum(1 for x in pos["slots"] if isinstance(x, dict) and x.get("shard") is not None)
+        queued = pos.get("queued") if isinstance(pos.get("queued"), int) else 0
+        total = n + splits  # each split turns one unfinished piece into two
+        text = f"{max(0, total - queued - running)}/{total} shards done"
+        if splits:
+            text += f" ({n} + {splits} split)"
+        return text + (f", {running} running" if running else "")
+    i = pos.get("shard_index")
+    if not isinstance(i, int):
+        return f"{n} shards"
+    return f"shard {i + 1}/{n}" if i < n else f"{n}/{n} shards done"
+
+
+def _gantt(hist: History, steps: list[StepRow], axis: TimeAxis, now: float,
+           stopped: dict[str, float] | None = None) -> Timeline:
+    """``stopped``: step -> last heartbeat of a running attempt that nothing drives any
+    more (its controller is gone): it ended there, unseen, not now."""
+    stopped = stopped or {}
     tl = Timeline(axis)
     rows: dict[str, float] = {}
     for s in steps:
@@ -190,13 +219,15 @@ def _gantt(hist: History, steps: list[StepRow], axis: TimeAxis, now: float) -> T
     for a in hist.attempts:
         if a.step not in rows:
             continue
-        end = a.end if a.end is not None else now
+        dead = a.end is None and a.step in stopped
+        end = a.end if a.end is not None else max(a.start, stopped[a.step]) if dead else now
         restored = f"; restored checkpoint {a.restored} ({a.restored_how})" if a.restored else ""
         devs = f" on devices {a.devices}" if a.devices else ""
+        seen = " (its last heartbeat)" if dead or a.last_alive is not None else ""
         title = (f"{a.step} attempt {a.attempt} (epoch {a.epoch}){devs}: {hms(a.start)} to "
-                 f"{hms(end) if a.end else 'now'} ({end - a.start:.1f}s), {a.outcome}"
+                 f"{hms(end) if a.end or dead else 'now'}{seen} ({end - a.start:.1f}s), {a.outcome}"
                  f"{': ' + a.reason if a.reason and a.outcome != 'SUCCEEDED' else ''}{restored}")
-        tl.box(rows[a.step], a.start, end, f"st-{a.outcome}", title, f"#{a.attempt}")
+        tl.box(rows[a.step], a.start, end, "st-PENDING" if dead else f"st-{a.outcome}", title, f"#{a.attempt}")
     for g in hist.gaps:
         if g.step not in rows:
             continue
@@ -232,14 +263,14 @@ def _checkpoint_timeline(cks: list[CheckpointRecord], hist: History, steps: list
     return tl
 
 
-def _charts(cks: list[CheckpointRecord], st: RunStatus, hist: History, axis: TimeAxis) -> list[Charts]:
+def _charts(events: Sequence[Event], st: RunStatus, hist: History, axis: TimeAxis) -> list[Charts]:
     out = []
     small = TimeAxis(axis.t0, axis.t1, 46.0, 300.0)
     marks = [(a.start, "mk-resume", f"attempt {a.attempt} of {a.step} resumed") for a in hist.attempts
              if a.attempt > 1] + [(m.time, f"mk-{m.kind}", m.label) for m in hist.interruptions
                                   if m.kind != "resume"]
     for s in st.steps:
-        pts = series(cks, s.name)
+        pts = series(events, s.name)
         if len(pts) < 2:
             continue
         unit = s.progress.get("unit") or "units"
@@ -344,16 +375,22 @@ def run_page(client: LocalClient, p: Principal, run_id: str, *, step: str | None
                 for c in ck_sorted[CHECKPOINTS_SHOWN:] if c.status == "quarantined"]
     gaps = [(g.step, g.cause, g.start, g.end) for g in reversed(hist.gaps)]
     state = st.state.value
+    # Nothing drives the run (its controller died, or waits for the store and stopped its
+    # attempts): a running attempt is drawn to its last heartbeat, as accounting charges it.
+    undriven = live and not st.controller.get("alive")
+    stopped = {s.name: s.last_heartbeat for s in st.steps
+               if undriven and s.state == "RUNNING" and s.last_heartbeat is not None}
     return RunPage(
         status=st, priority_name=priority_name(st.priority), priority_class=priority_class(st.priority),
         params_json=json.dumps(st.params, indent=1, sort_keys=True, default=str),
         buttons=buttons(p, st.priority, state), graph=graph, steps=steps, groups=groups,
-        gantt=_gantt(hist, steps, axis, now), gaps=gaps, interruptions=hist.interruptions,
+        gantt=_gantt(hist, steps, axis, now, stopped), gaps=gaps, interruptions=hist.interruptions,
         checkpoints=_checkpoint_timeline(cks, hist, steps, axis), checkpoint_rows=ck_rows,
-        checkpoints_total=len(cks), charts=_charts(cks, st, hist, axis),
+        checkpoints_total=len(cks), charts=_charts(events, st, hist, axis),
         events=list(reversed(shown[-EVENTS_SHOWN:])), events_total=len(shown), events_filter=which,
         selected=_selected(client, st, hist, step, attempt), expand=sorted(expand), now=now,
         follow=state not in FINISHED, poll_ms=1000 if live else 4000,
+        metrics=step_metrics(client.metrics(run_id), hist.attempts),
     )
 
 
