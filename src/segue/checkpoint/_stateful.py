@@ -43,5 +43,5 @@ def _warn_global_rng(loader: Any) -> None:
         "dropout and other random ops then differ from an uninterrupted run; pass "
         "generator=torch.Generator().manual_seed(SEED) to the loader",
         RuntimeWarning,
-        stacklevel=6,
+        stacklevel=2,
     )
