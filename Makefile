@@ -43,6 +43,22 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	  else \
 	    echo "PostgreSQL server binaries are missing and this is not root with apt-get: install postgresql or its store tests will be skipped"; \
 	  fi; }
+	# The message-queue sources' tests start throwaway brokers on loopback; without the
+	# server binaries they skip with the reason.
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server; } \
+	      || echo "redis-server could not be installed: its queue tests will be skipped"; \
+	  else \
+	    echo "redis-server is missing and this is not root with apt-get: install redis-server or its queue tests will be skipped"; \
+	  fi; }
+	@command -v rabbitmq-server >/dev/null 2>&1 || ls /usr/sbin/rabbitmq-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y rabbitmq-server || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y rabbitmq-server; } \
+	      || echo "rabbitmq-server could not be installed: its queue tests will be skipped"; \
+	  else \
+	    echo "rabbitmq-server is missing and this is not root with apt-get: install rabbitmq-server or its queue tests will be skipped"; \
+	  fi; }
 	touch $@
 
 install: $(VENV)/.installed

@@ -24,6 +24,7 @@ the sink's pending staged parts (those since the previous checkpoint).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -150,6 +151,7 @@ class MapRun:
         self.t0 = time.monotonic()
         self.attempt_records = 0
         self.last_error = ""
+        self._tail: Position | None = None  # the position after the last unit read
 
     # -- recovery ---------------------------------------------------------------
     def _restore(self) -> dict[str, Any] | None:
@@ -161,6 +163,8 @@ class MapRun:
             raise ValueError(f"step {self.ctx.step!r} was checkpointed with workers={state.get('workers')}; "
                              f"resume it with the same workers= setting")
         now = self.source.snapshot()
+        # The in-flight state of the unit the cursor points into (a generation cut mid-batch).
+        self.unit_partial = None if state is None else state.get("unit")
         if state is None:
             self.pin = now
             self.cursor: dict[str, Any] = {"shard": 0, "position": None}
@@ -179,8 +183,11 @@ class MapRun:
         if state is not None:
             self._count_retried()
         scope = Scope(self.ctx.run_id, self.ctx.step, self.ctx.epoch)
+        self.source.attach(scope)
         self.sink.open(scope, None if state is None else state["sink"])
         self.dead.open(scope, None if state is None else state["dead"])
+        if state is not None:  # rolled forward above: a queue acks what the checkpoint covers
+            self.source.after_commit(self.cursor["position"])
         return state
 
     def _count_retried(self) -> None:
@@ -205,7 +212,8 @@ class MapRun:
             if state is None or not state.get("done"):
                 self._loop()
                 self._check_read_all()
-                self._commit(len(self.shards), None, done=True)
+                # A queue's last position names the messages the final commit covers.
+                self._commit(len(self.shards), self._tail if self.source.queue else None, done=True)
             self.sink.finish()
             self.dead.finish()
             return self.summary()
@@ -213,6 +221,7 @@ class MapRun:
             self.op.close()  # a model gives its device back before the attempt parks or ends
             self.sink.close()
             self.dead.close()
+            self.source.close()
 
     def _units(self, shard: Shard, position: Position) -> Iterator[_Unit]:
         return iter_units(self.op, shard, position, self.read_batch)
@@ -222,10 +231,14 @@ class MapRun:
         want_keys = sink.needs_keys
         i = int(self.cursor["shard"])
         pos = self.cursor["position"]
+        begin = getattr(self.op.fn, "segue_begin_unit", None)  # a model session (inference layer)
         while i < len(self.shards):
             shard = self.shards[i]
             pos = pos if pos is not None else shard.start()
             for unit in self._units(shard, pos):
+                if begin is not None:
+                    partial, self.unit_partial = self.unit_partial, None  # only the first unit resumes
+                    begin(partial, functools.partial(self._offer_mid_unit, i, unit.start))
                 res = self.op.apply(unit.records, unit.has_bad, want_keys)
                 if res.outputs:
                     keys = None
@@ -238,7 +251,7 @@ class MapRun:
                 stats["records_out"] += len(res.outputs)
                 stats["bytes_in"] += unit.nbytes
                 self.attempt_records += n
-                pos = unit.position
+                pos = self._tail = unit.position
                 if res.failures:
                     self._dead_letter(shard, unit, res.failures)
                 ctx.progress(self._done(i, pos), self.total)
@@ -284,7 +297,22 @@ class MapRun:
             raise IncompleteInputError(self.ctx.step, self.unit, read, self.total)
 
     # -- commit -----------------------------------------------------------------
-    def _commit(self, shard_index: int, position: Position | None, done: bool = False) -> None:
+    def _offer_mid_unit(self, shard_index: int, start: Position, partial: Any) -> None:
+        """Checkpoint inside a unit when one is due (or a pause waits): the function's
+        ``partial`` state (a long generation's tokens so far) with the cursor at the
+        unit's start, so the next attempt reads the same unit again and resumes it."""
+        if not self.ctx.checkpoint_due(self.stats["records_in"]):
+            return
+        try:
+            self._commit(shard_index, start, unit=partial)
+        except Exception as exc:
+            # The step's own failure (fenced, storage): the operator must re-raise it,
+            # not dead-letter the unit's records for it.
+            exc.segue_fatal = True  # type: ignore[attr-defined]
+            raise
+
+    def _commit(self, shard_index: int, position: Position | None, done: bool = False,
+                unit: Any = None) -> None:
         self.sink.stage()
         self.dead.stage()
         state = {
@@ -296,14 +324,18 @@ class MapRun:
             "stats": dict(self.stats),
             "done": done,
         }
+        if unit is not None:
+            state["unit"] = unit
         done_units = self.total if done and self.total is not None else self._done(shard_index, position)
         self.ctx.progress(done_units, self.total)
         try:
             self.ctx.checkpoint(state, position=self._position(shard_index, done_units), durable=True)
         except Park:
             self._publish()  # the checkpoint committed before Park was raised
+            self.source.after_commit(position)  # a parked queue step has acked what it published
             raise
         self._publish()
+        self.source.after_commit(position)
 
     def _publish(self) -> None:
         self.sink.publish()
@@ -397,6 +429,8 @@ def run_map(
         low, high = worker_range(workers)
     except FlowError as exc:
         raise ValueError(str(exc).replace("flow.map: ", "")) from None
+    if high > 1 and source.queue:
+        raise ValueError(f"{type(source).__name__} is read by one process: use workers=1")
     if high > 1:
         from .coordinator import ParallelMapRun
 

@@ -77,6 +77,10 @@ class Source(ABC):
     """A description of input data; cheap to construct, deterministic to shard."""
 
     kind: str = "source"
+    # A message queue (segue.data.sources.redis_stream): unbounded, one shard, read by
+    # one process (workers=1); it holds a broker connection for the attempt and
+    # acknowledges messages in after_commit, never before.
+    queue: bool = False
 
     @abstractmethod
     def snapshot(self) -> dict[str, Any]:
@@ -96,3 +100,15 @@ class Source(ABC):
         from ..pinning import reconcile
 
         return reconcile(snapshot, now, policy, step)
+
+    # -- hooks for sources that hold a connection and acknowledge (message queues) --
+    def attach(self, scope: Any) -> None:  # noqa: B027 - optional hook
+        """Called once per attempt, before any shard is read, with its ``sinks.base.Scope``."""
+
+    def after_commit(self, position: Position | None) -> None:  # noqa: B027 - optional hook
+        """The checkpoint that recorded ``position`` committed and the sinks published what
+        it covers: acknowledge what it covers. Also called on restore with the restored
+        position, after the sinks rolled it forward (a crash may have come before the ack)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """The attempt is over (done, parked or failed): release connections."""

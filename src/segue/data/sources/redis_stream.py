@@ -1,0 +1,317 @@
+"""A Redis stream read through a consumer group, acknowledged only after the covering commit.
+
+One consumer group per step (``group``, default ``segue-STEP``, created from
+``start`` = ``"0"`` or ``"$"`` when absent) and one consumer per attempt whose
+name is stable across the step's restarts (``RUN:STEP:w0``): a restarted
+attempt finds its own pending entries again. An attempt reads in three phases:
+
+1. its own pending entries (``XREADGROUP ... 0``): read by an attempt that
+   died before the checkpoint covering them committed; processed again;
+2. entries idle longer than ``claim_idle_ms`` in other consumers of the group
+   (``XAUTOCLAIM``): consumers of runs that died;
+3. new entries (``XREADGROUP ... >``) until the drain condition holds.
+
+The position (in the step's checkpoint) names the messages read since the
+last acknowledgement: the explicit ids of phases 1 and 2, and for phase 3 a
+range ``(after, to]`` of ids (new entries arrive in id order; the range is
+read back from this consumer's pending list, so it stays O(1)). ``XACK`` runs
+in :meth:`after_commit`, once the checkpoint recording that position
+committed and the sinks published its outputs; on restore the driver calls it
+with the restored position first, so a crash between the sink's commit and
+the ack acknowledges those messages without processing them again.
+
+A message delivered more than ``max_deliveries`` times (``XPENDING``'s
+count), one that is not valid JSON, or one trimmed from the stream before it
+was processed becomes a :class:`BadRecord`: the map step dead-letters it with
+the reason, and it is acknowledged with its batch.
+
+Unlike file sources this one holds a connection for the attempt and writes
+to the broker (group creation, claims, acks); it is read by one process.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._faults import fault_point
+from .._redis import connect
+from ..errors import DataError, PositionError
+from .base import BadRecord, Batch, Position, Shard, Source
+
+PENDING_PAGE = 1000
+
+
+def _sid(stream_id: str) -> tuple[int, int]:
+    ms, _, seq = stream_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+@dataclass
+class StreamShard(Shard):
+    source: RedisStreamSource = field(repr=False, compare=False)
+    key: str = "00000"
+
+    def start(self) -> Position:
+        return {"records": 0, "ids": [], "after": None, "to": None}
+
+    def read(self, position: Position, batch: int = 512) -> Iterator[Batch]:
+        # The window ``position`` names was acknowledged by after_commit at restore.
+        return self.source.read_from(int(position.get("records", 0)), batch)
+
+    def split(self, position: Position) -> None:
+        return None  # one consumer per step: nothing to hand to another reader
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "stream", "key": self.key}
+
+
+class RedisStreamSource(Source):
+    """Entries of the Redis stream ``stream`` at ``url`` (``redis://host:port/db``).
+
+    Each entry's ``field`` (default ``"data"``) is decoded as JSON to give the
+    record (``field=None``: the entry's fields as a dict); ``id_key`` adds the
+    entry id to a dict record under that key. Drain: the step ends after
+    ``max_messages`` in all, after ``drain_after_empty_reads`` reads in a row
+    found nothing, or once nothing arrived for ``drain_idle_s`` seconds of
+    ``clock`` (each empty read waits up to ``block_ms``); with all three None
+    it reads until paused or cancelled (continuous).
+    """
+
+    kind = "redis-stream"
+    queue = True
+
+    def __init__(
+        self,
+        url: str,
+        stream: str,
+        *,
+        group: str | None = None,
+        start: str = "0",
+        consumer: str | None = None,
+        field: str | None = "data",
+        id_key: str | None = None,
+        block_ms: int = 1000,
+        drain_idle_s: float | None = 10.0,
+        drain_after_empty_reads: int | None = None,
+        max_messages: int | None = None,
+        max_deliveries: int = 5,
+        claim_idle_ms: int | None = 300_000,
+        create_stream: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if start not in ("0", "$"):
+            raise ValueError(
+                f"start must be '0' (the whole stream) or '$' (new entries only), not {start!r}"
+            )
+        if max_deliveries < 1:
+            raise ValueError(f"max_deliveries must be >= 1, not {max_deliveries}")
+        self.url, self.stream, self.group, self.start = url, stream, group, start
+        self.consumer, self.field, self.id_key = consumer, field, id_key
+        self.block_ms, self.drain_idle_s = int(block_ms), drain_idle_s
+        self.drain_after_empty_reads, self.max_messages = drain_after_empty_reads, max_messages
+        self.max_deliveries, self.claim_idle_ms = int(max_deliveries), claim_idle_ms
+        self.create_stream, self.clock = create_stream, clock
+        self.acked = 0  # acknowledged by this attempt (after_commit)
+        self._conn: Any = None
+        self._me = ""
+        self._n = 0
+        self._ids: list[str] = []  # phases 1-2: read since the last ack
+        self._after: str | None = None  # phase 3: (after, to] read since the last ack
+        self._to: str | None = None
+
+    # -- the Source contract ------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        return {"kind": self.kind, "items": {self.stream: {}}}
+
+    def pinned(
+        self, snapshot: dict[str, Any], now: dict[str, Any], policy: str, step: str = "?"
+    ) -> dict[str, Any]:
+        return now  # a queue is unbounded by nature: new messages are never an input change
+
+    def shards(self, snapshot: dict[str, Any]) -> list[Shard]:
+        return [StreamShard(self)]
+
+    def shard_from_json(self, data: dict[str, Any]) -> Shard:
+        if data.get("kind") != "stream":
+            raise PositionError(f"shard {data!r} is not a stream shard")
+        return StreamShard(self, data["key"])
+
+    # -- the attempt -------------------------------------------------------------
+    @property
+    def conn(self) -> Any:
+        if self._conn is None:
+            raise RuntimeError("RedisStreamSource used before attach()")
+        return self._conn
+
+    def attach(self, scope: Any) -> None:
+        self.group = self.group or f"segue-{scope.step}"
+        self._me = self.consumer or f"{scope.run_id}:{scope.step}:w{scope.worker or 0}"
+        self._conn = connect(self.url, "RedisStreamSource")
+        try:
+            self._conn.xgroup_create(
+                self.stream, self.group, id=self.start, mkstream=self.create_stream
+            )
+        except Exception as exc:  # redis.ResponseError; redis is imported lazily
+            text = str(exc)
+            if "BUSYGROUP" in text:
+                return  # the group exists: its position is the broker's, not ours
+            if "requires the key to exist" in text:
+                raise DataError(
+                    f"stream {self.stream!r} does not exist at {self.url}; check the name, "
+                    f"or pass create_stream=True to wait for a producer"
+                ) from None
+            raise
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def after_commit(self, position: Position | None) -> None:
+        fault_point("queue.before_ack")  # tests kill here: committed and published, not acked
+        if position is None:
+            return
+        r, ids, to = self.conn, list(position.get("ids") or ()), position.get("to")
+        for i in range(0, len(ids), PENDING_PAGE):
+            self.acked += int(r.xack(self.stream, self.group, *ids[i : i + PENDING_PAGE]))
+        if to is not None:
+            after = position.get("after")
+            lo = "-" if after is None else f"({after}"
+            while True:
+                got = r.xpending_range(
+                    self.stream, self.group, lo, to, PENDING_PAGE, consumername=self._me
+                )
+                if not got:
+                    break
+                page = [e["message_id"] for e in got]
+                self.acked += int(r.xack(self.stream, self.group, *page))
+                lo = f"({page[-1]}"
+        done = set(ids)
+        self._ids = [i for i in self._ids if i not in done]
+        if to is not None:
+            self._after = to
+            if self._to is not None and _sid(self._to) <= _sid(to):
+                self._to = None
+        fault_point("queue.after_ack")
+
+    # -- reading -----------------------------------------------------------------
+    def _position(self) -> Position:
+        return {"records": self._n, "ids": list(self._ids), "after": self._after, "to": self._to}
+
+    def read_from(self, records: int, batch: int) -> Iterator[Batch]:
+        self._n = records
+        r, s, g, me = self.conn, self.stream, self.group, self._me
+        cursor = "0"
+        while True:  # 1. our own pending entries: read before the crash, never committed
+            got = r.xreadgroup(g, me, {s: cursor}, count=batch)
+            entries = got[0][1] if got else []
+            if not entries:
+                break
+            cursor = entries[-1][0]
+            yield self._batch(entries, self._deliveries([m for m, _ in entries]), explicit=True)
+        if self.claim_idle_ms is not None:  # 2. entries of consumers that died
+            start = "0-0"
+            while True:
+                start, entries, *rest = r.xautoclaim(
+                    s, g, me, self.claim_idle_ms, start, count=batch
+                )
+                deleted: list[tuple[str, dict[str, str]]] = [
+                    (m, {}) for m in (rest[0] if rest else [])
+                ]  # trimmed: no longer pending
+                if entries or deleted:
+                    counts = self._deliveries([m for m, _ in entries])
+                    yield self._batch(entries + deleted, counts, explicit=True)
+                if start == "0-0":
+                    break
+        yield from self._read_new(batch)
+
+    def _read_new(self, batch: int) -> Iterator[Batch]:
+        """3. New entries, until the drain condition holds."""
+        r, empties, idle_since = self.conn, 0, self.clock()
+        block = self.block_ms or None  # redis-py: block=0 would wait forever
+        while self.max_messages is None or self._n < self.max_messages:
+            count = batch if self.max_messages is None else min(batch, self.max_messages - self._n)
+            got = r.xreadgroup(self.group, self._me, {self.stream: ">"}, count=count, block=block)
+            entries = got[0][1] if got else []
+            if entries:
+                empties, idle_since = 0, self.clock()
+                yield self._batch(entries, {}, explicit=False)
+                continue
+            empties += 1
+            if self.drain_after_empty_reads is not None and empties >= self.drain_after_empty_reads:
+                return
+            if self.drain_idle_s is not None and self.clock() - idle_since >= self.drain_idle_s:
+                return
+            yield Batch([], self._position(), 0)  # the step may checkpoint or park while it waits
+
+    def _deliveries(self, ids: list[str]) -> dict[str, int]:
+        """How often each of our pending ``ids`` was delivered (this delivery included)."""
+        if not ids:
+            return {}
+        want, out = set(ids), dict[str, int]()
+        lo, hi = min(ids, key=_sid), max(ids, key=_sid)
+        while True:
+            got = self.conn.xpending_range(
+                self.stream, self.group, lo, hi, PENDING_PAGE, consumername=self._me
+            )
+            out.update(
+                (e["message_id"], int(e["times_delivered"])) for e in got if e["message_id"] in want
+            )
+            if len(got) < PENDING_PAGE:
+                return out
+            lo = f"({got[-1]['message_id']}"
+
+    def _batch(
+        self, entries: list[tuple[str, dict[str, str]]], deliveries: dict[str, int], explicit: bool
+    ) -> Batch:
+        records: list[Any] = []
+        nbytes, bad = 0, False
+        for mid, fields in entries:
+            rec = self._decode(mid, fields or {}, deliveries.get(mid, 1))
+            bad = bad or type(rec) is BadRecord
+            records.append(rec)
+            nbytes += sum(len(v) for v in (fields or {}).values())
+        if explicit:
+            self._ids.extend(m for m, _ in entries)
+        else:
+            self._to = entries[-1][0]
+        self._n += len(entries)
+        return Batch(records, self._position(), nbytes, has_bad=bad)
+
+    def _decode(self, mid: str, fields: dict[str, str], deliveries: int) -> Any:
+        if not fields:
+            return BadRecord(
+                json.dumps({"id": mid}),
+                f"message {mid} was trimmed from stream {self.stream!r} before it was processed",
+            )
+        if deliveries > self.max_deliveries:
+            return BadRecord(
+                json.dumps({"id": mid, "fields": fields}),
+                f"message {mid} was delivered {deliveries} times, more than "
+                f"max_deliveries={self.max_deliveries}",
+            )
+        if self.field is None:
+            rec: Any = dict(fields)
+        elif self.field not in fields:
+            return BadRecord(
+                json.dumps({"id": mid, "fields": fields}),
+                f"message {mid} has no field {self.field!r}",
+            )
+        else:
+            try:
+                rec = json.loads(fields[self.field])
+            except ValueError as exc:
+                return BadRecord(
+                    fields[self.field],
+                    f"message {mid}: field {self.field!r} is not valid JSON ({exc})",
+                )
+        if self.id_key is not None and isinstance(rec, dict):
+            rec = {**rec, self.id_key: mid}
+        return rec
+
+    def describe(self) -> str:
+        return f"redis stream {self.stream!r} (group {self.group}) at {self.url}"
