@@ -180,13 +180,18 @@ class Loaded(Generic[M]):
     the library's own object, for anything else.
     """
 
-    __slots__ = ("handler", "raw", "device")
+    __slots__ = ("handler", "raw", "device", "unit")
 
     def __init__(self, handler: ModelHandler[M], raw: M, device: str) -> None:
         self.handler, self.raw, self.device = handler, raw, device
+        self.unit: Any = None  # the data step's batch in flight (inference.unit.UnitState), if any
 
     def __call__(self, batch: Sequence[Any]) -> Sequence[Any]:
-        out = self.handler.run_inference(batch, self.raw)
+        resumable = getattr(self.handler, "run_resumable", None)  # a generate handler
+        if resumable is not None:
+            out = resumable(batch, self.raw, self.unit)
+        else:
+            out = self.handler.run_inference(batch, self.raw)
         if len(out) != len(batch):
             raise ValueError(f"handler {self.handler.name!r} returned {len(out)} outputs "
                              f"for a batch of {len(batch)}; run_inference must return one per input")

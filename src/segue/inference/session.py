@@ -33,6 +33,16 @@ class ModelSession:
         self.params: Mapping[str, Any] = getattr(ctx, "params", {})
         self.loaded: Loaded[Any] | None = None
         self.loads = 0
+        self.unit: Any = None  # inference.unit.UnitState of the batch in flight
+
+    def segue_begin_unit(self, resumed: Any, offer: Callable[[Any], None]) -> None:
+        """The data driver starts a batch: what a previous attempt saved of it, and how to
+        offer a checkpoint inside it (a generate handler does, between tokens)."""
+        from .unit import UnitState
+
+        self.unit = UnitState(resumed, offer)
+        if self.loaded is not None:
+            self.loaded.unit = self.unit
 
     def batch_size(self) -> int:
         """Records per batch: the handler's, or with ``"auto"`` its profile's recommendation."""
@@ -61,6 +71,7 @@ class ModelSession:
             raise err from exc
         seconds = time.perf_counter() - t0
         self.loaded = Loaded(h, raw, device)
+        self.loaded.unit = self.unit
         self.loads += 1
         self._record_load(seconds, h.model_bytes(raw), device)
         return self.loaded
