@@ -82,6 +82,7 @@ test: install-dev
 lint: install-dev
 	$(BIN)/ruff check src tests benchmarks examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install-dev
 	$(BIN)/python -m benchmarks.recovery --quick --json

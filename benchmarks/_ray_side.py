@@ -268,10 +268,8 @@ class RaySide:
         return {"work_s": got["seconds"], "wall_s": wall, "init_s": got["init_s"]}
 
     def _check(self, label: str, out: Path) -> None:
-        got = pl.digest(pl._output_files(out))
-        if got != self.expected:
-            raise Mismatch(f"{label} wrote {got[0]} records with hash {got[1]}; expected "
-                           f"{self.expected[0]} with {self.expected[1]}: no ratio is printed")
+        if why := pl.mismatch(pl.digest(pl._output_files(out)), self.expected):
+            raise Mismatch(f"{label}: {why}: no ratio is printed")
         if out.is_dir():
             shutil.rmtree(out, ignore_errors=True)
         for p in out.parent.glob(out.name + "*"):

@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> None:
                                        capture_output=True, timeout=60)
         shutil.rmtree(tmp, ignore_errors=True)
     p, w = res["partial"], res["whole"]
+    assert p[0]["output"], "the batch wrote no record: nothing was compared"
     assert all(x["exactly_once"] for x in p + w), "an output was not exactly once"
     assert all(x["output"] == p[0]["output"] for x in p + w), "the two sides' outputs differ"
     # A figure needs the preemption to have happened; the smoke run checks the harness only

@@ -26,7 +26,8 @@ from segue.run import ops
 from segue.run.options import RunOptions
 from segue.scheduler.devices import virtual_gpus
 from segue.states import RunState, TaskState
-from segue.store.hostpool import POOL_ENV, open_pool
+from segue.store.hostpool import POOL_ENV
+from segue.store.pools import open_pool
 
 from . import _probe as pb
 

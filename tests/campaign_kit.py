@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from segue.run.procs import pid_alive, wait_dead
+from segue._procs import pid_alive, wait_dead
 
 
 class Campaign:

@@ -5,6 +5,7 @@ The public surface is what ``__all__`` lists; everything else is internal.
 
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from ._version import __version__
 from .errors import (
     CheckpointCorruptError,
     CheckpointError,
@@ -54,7 +55,6 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-__version__ = "0.1.0"
 
 __all__ = [
     "BaseClient",

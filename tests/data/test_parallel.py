@@ -136,8 +136,8 @@ def test_cli_kills_of_coordinator_subworker_and_controller_keep_exactly_once(seg
     from segue_helpers import wait_for
     from test_kill_campaign import FAST, check_exactly_once, make_input, read_output
 
+    from segue._procs import pid_alive, wait_dead
     from segue.home import Home
-    from segue.run.procs import pid_alive, wait_dead
 
     n = 8000
     inp = make_input(tmp_path / "in", n)

@@ -157,7 +157,7 @@ def test_a_crash_between_commit_and_ack_acks_on_restore_without_reprocessing(
 def test_a_pause_parks_with_every_published_message_acked(
     redis_server: RedisServer, stream: str, tmp_path: Path
 ) -> None:
-    from segue.run.park import Park
+    from segue._park import Park
 
     r = redis_server.client()
     produce(r, stream, 400)

@@ -25,10 +25,10 @@ from genkit import build_model, prompts
 pytest.importorskip("torch", reason="torch is not installed; `pip install segue[hf]`")
 pytest.importorskip("transformers", reason="transformers is not installed; `pip install segue[hf]`")
 
+from segue._park import Park  # noqa: E402
 from segue.data import JsonlSink, JsonlSource  # noqa: E402
 from segue.data.mapstep import MapStep  # noqa: E402
 from segue.errors import FencedError  # noqa: E402
-from segue.run.park import Park  # noqa: E402
 
 N, BATCH, NEW, CHUNK = 10, 4, 32, 8
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 11}

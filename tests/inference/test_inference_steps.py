@@ -14,7 +14,7 @@ import pytest
 from campaign_kit import Campaign, assert_landed, campaign
 from segue_helpers import wait_for
 
-from segue.run.procs import pid_alive
+from segue._procs import pid_alive
 
 pytest.importorskip("torch", reason="torch is not installed; `pip install segue[torch]`")
 pytest.importorskip("pyarrow", reason="pyarrow is not installed; `pip install segue[data]`")

@@ -30,7 +30,7 @@ from segue.inference.plan import (
     plan_profile,
     predict_peak_bytes,
 )
-from segue.scheduler.pricing import CATALOG as PRICE_CATALOG
+from segue.placement.pricing import CATALOG as PRICE_CATALOG
 
 KIB = 1024
 

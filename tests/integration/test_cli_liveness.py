@@ -16,8 +16,8 @@ import signal
 import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
+from segue._procs import pid_alive
 from segue.cli.render import human_bytes, progress_text
-from segue.run.procs import pid_alive
 
 COUNTER = str(FLOWS / "counter.py")
 LONG_LEASE = {"SEGUE_LEASE_TTL_S": "60"}

@@ -16,7 +16,7 @@ import pytest
 from segue_helpers import Segue, wait_for
 from test_disk_full import N, Stderr, _committed, _flow, fill, tmpfs
 
-from segue.run.procs import pid_alive
+from segue._procs import pid_alive
 
 
 @pytest.mark.usefixtures("_test_pool")  # a pool of its own: no other test's cpus

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
+from segue._procs import pid_alive
 from segue.home import Home
-from segue.run.procs import pid_alive
 
 COUNTER = str(FLOWS / "counter.py")
 

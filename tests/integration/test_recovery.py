@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from segue_helpers import FLOWS, Segue, VirtualClock, wait_for
 
-from segue.run.procs import pid_alive
+from segue._procs import pid_alive
 
 COUNTER = str(FLOWS / "counter.py")
 QUICK_RETRY = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}

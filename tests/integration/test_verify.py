@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
-from segue.run.procs import pid_alive
+from segue._procs import pid_alive
 from segue.verify.reaper import marked_pids
 
 STUCK = str(FLOWS / "stuck_progress.py")

@@ -22,8 +22,8 @@ import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
 from segue.errors import UsageError
+from segue.placement.pricing import DEFAULTS, Prices, device_type, load_overrides, save_overrides
 from segue.scheduler.accounting import attempt_deltas
-from segue.scheduler.pricing import DEFAULTS, Prices, device_type, load_overrides, save_overrides
 
 GATED = str(FLOWS / "gatedgpu.py")
 EPS = 2e-3  # status rounds seconds to 3 decimals

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from segue_helpers import FLOWS, Segue, wait_for
 
+from segue._procs import pid_alive
 from segue.client.local import LocalClient
 from segue.home import Home
-from segue.run.procs import pid_alive
 
 GATED = str(FLOWS / "gatedgpu.py")
 EPS = 2e-3  # status rounds seconds to 3 decimals

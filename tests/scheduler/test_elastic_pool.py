@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from segue import Flow
+from segue.placement.policy import Capacity, Device, Holder, Need, choose_victims, step_need
 from segue.scheduler.accounting import mean_rates, rates_of
-from segue.scheduler.policy import Capacity, Device, Holder, Need, choose_victims, step_need
 from segue.store.hostpool import SQLiteHostPool
 from segue.store.pool import Allocated, AllocationRecord
 

@@ -20,7 +20,7 @@ from segue_helpers import FLOWS, Segue, wait_for
 from test_preemption import expected_acc
 
 from segue import Flow
-from segue.scheduler.policy import (
+from segue.placement.policy import (
     Capacity,
     Device,
     Holder,

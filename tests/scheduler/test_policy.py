@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from segue.errors import UsageError
-from segue.scheduler.policy import (
+from segue.placement.policy import (
     Capacity,
     Device,
     Holder,

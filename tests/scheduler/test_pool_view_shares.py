@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from segue.cli.sched import format_pool
 from segue.client.records import DeviceView
-from segue.scheduler.policy import parse_priority
+from segue.placement.policy import parse_priority
 from segue.scheduler.views import pool_doc
 from segue.store.pool import AllocationRecord, DeviceRecord, HostPool
 

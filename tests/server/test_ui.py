@@ -301,9 +301,9 @@ def test_runs_page_with_10k_runs(_test_pool: Path) -> None:
 def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[str, str], home: Home,
                                                   _test_pool: Path) -> None:
     from segue.hostname import this_host
-    from segue.scheduler.policy import Need
-    from segue.store.hostpool import open_pool
+    from segue.placement.policy import Need
     from segue.store.pool import Allocated
+    from segue.store.pools import open_pool
 
     # The pool is set as its admin sets it (PUT /api/pool), and the host named as the
     # server names it: the devices below are those the page reads.

@@ -31,7 +31,7 @@ import pytest
 from cluster_kit import QUICK, Cluster
 from segue_helpers import FLOWS, Segue, wait_for
 
-from segue.run.procs import pid_alive
+from segue._procs import pid_alive
 from segue.states import RunState
 from segue.store import Store
 

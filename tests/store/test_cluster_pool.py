@@ -28,7 +28,7 @@ GB = 2**30
 # (a frozen process): its devices go to someone else and its renewal must be refused.
 RACER = """
 import json, random, sys, time
-from segue.scheduler.policy import Need
+from segue.placement.policy import Need
 from segue.store.postgres_hostpool import PostgresHostPool
 from segue.store.pool import Allocated
 url, me, home_host, until, seed = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])

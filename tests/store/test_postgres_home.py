@@ -21,10 +21,10 @@ import pytest
 from _store_helpers import BACKENDS, make_run
 from segue_helpers import FLOWS, Segue, wait_for
 
+from segue._procs import pid_alive
 from segue.errors import IllegalTransitionError, StoreError, UsageError
 from segue.home import Home
-from segue.run.procs import pid_alive
-from segue.scheduler.policy import Need
+from segue.placement.policy import Need
 from segue.states import Actor, TaskState
 from segue.store import SQLiteStore, Store, open_store, sqlite_only, store_url
 

@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 from _store_helpers import make_run
 
-from segue.scheduler.policy import Need
+from segue.placement.policy import Need
 from segue.states import Actor, TaskState
 from segue.store import SQLiteStore
-from segue.store.hostpool import SqlHostPool, SQLiteHostPool, open_pool, pool_path
+from segue.store.hostpool import SqlHostPool, SQLiteHostPool, pool_path
 from segue.store.pool import Allocated, Denied
+from segue.store.pools import open_pool
 from segue.store.postgres import PostgresStore
 from segue.store.postgres_hostpool import PostgresHostPool
 
@@ -324,8 +325,8 @@ def test_stats_add_and_set(tmp_path: Path) -> None:
 
 RACER = """
 import json, sys, time
-from segue.scheduler.policy import Need
-from segue.store.hostpool import open_pool
+from segue.placement.policy import Need
+from segue.store.pools import open_pool
 from segue.store.pool import Allocated
 db, home, me, start_at, rounds = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5])
 pool = open_pool(db)  # a pool file, or a PostgreSQL URL

@@ -32,10 +32,10 @@ from ..errors import SegueError, UsageError, WaitTimeoutError, exit_code
 from ..executor.ray_lean import own_process
 from ..flow import parse_duration, parse_overrides
 from ..flow.model import parse_memory
+from ..placement.policy import parse_priority
+from ..placement.pricing import parse_price
 from ..run.controller import Interrupts
 from ..run.options import RunOptions
-from ..scheduler.policy import parse_priority
-from ..scheduler.pricing import parse_price
 from ..states import Actor, RunState
 from . import agent as agent_cmd
 from . import bench_model as bench_model_cmd

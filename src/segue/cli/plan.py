@@ -25,7 +25,7 @@ from ..inference.plan import (
     plan,
     plan_profile,
 )
-from ..scheduler.pricing import DEFAULTS, Prices, load_overrides
+from ..placement.pricing import DEFAULTS, Prices, load_overrides
 from .render import human_bytes, print_json
 
 ARCH_FLAGS = ("layers", "hidden", "heads", "kv_heads", "head_dim", "vocab", "intermediate")

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..home import Home
-from ..scheduler.pricing import (
+from ..placement.pricing import (
     CATALOG,
     DEFAULTS,
     Prices,

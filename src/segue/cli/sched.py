@@ -12,7 +12,7 @@ from typing import Any
 from ..client.local import LocalClient
 from ..errors import UsageError
 from ..flow.model import parse_memory
-from ..scheduler.policy import priority_name
+from ..placement.policy import priority_name
 from .render import fmt_time, print_json
 
 

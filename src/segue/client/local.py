@@ -19,11 +19,11 @@ from ..flow import LoadedFlow, load_flow, parse_duration
 from ..flow.model import parse_memory
 from ..home import Home
 from ..hostname import this_host
+from ..placement.policy import parse_priority
+from ..placement.pricing import Prices
 from ..run import ops
 from ..run.options import RunOptions
 from ..run.resume_inputs import check_inputs
-from ..scheduler.policy import parse_priority
-from ..scheduler.pricing import Prices
 from ..states import Actor, RunState
 from ..store import store_url
 from ..store.base import RunRecord, Store, TaskRecord
@@ -112,7 +112,7 @@ class LocalClient(BaseClient):
 
     def _open_pool(self) -> Any:
         if self._pool is None:
-            from ..store.hostpool import open_pool
+            from ..store.pools import open_pool
 
             self._pool = (self._parent._open_pool() if self._parent is not None
                           else open_pool(self.pool_path, store=self._store))  # shares an open store's connections
@@ -169,7 +169,7 @@ class LocalClient(BaseClient):
         """Start a controller and return once it holds the run (its epoch rose) and
         moved it, so the caller never sees the state from before the start (PENDING,
         PAUSED); or once the controller is gone (it may have finished the run)."""
-        from ..run.procs import pid_alive
+        from .._procs import pid_alive
 
         first = self.store.get_run(run)
         pid = self.start(run, allow_code_change=allow_code_change)
@@ -439,7 +439,7 @@ class LocalClient(BaseClient):
         return self._open_pool().pool_changes(this_host(), limit=limit)
 
     def queue(self) -> list[QueueEntry]:
-        from ..scheduler.policy import priority_name
+        from ..placement.policy import priority_name
         from ..scheduler.views import pinned_holders
 
         now = time.time()

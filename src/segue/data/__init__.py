@@ -12,7 +12,8 @@ commit), ``operators`` (map, filter, flat_map, map_batches), ``pinning``
 global position that reshards). See docs/data.md.
 """
 
-from .driver import Limits, MapRun, run_map
+from . import mapstep as _mapstep  # noqa: F401  # registers @flow.map's step class with flow
+from .driver import Limits, MapRun
 from .errors import (
     DataError,
     DeadLetterThresholdError,
@@ -24,6 +25,7 @@ from .errors import (
 from .operators import KINDS, Operator, operator
 from .pinning import POLICIES
 from .ranked import GangReader, GangSampler
+from .runmap import run_map
 from .sinks import ExternalCallSink, FileSink, JsonlSink, ParquetSink, Scope, Sink, SqlSink
 from .sources import (
     BadRecord,

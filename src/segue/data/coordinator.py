@@ -29,10 +29,11 @@ import logging
 import pickle
 from typing import Any
 
-from ..run.park import Park
+from .._park import Park
+from ..executor.pool import SubWorkerLost, SubWorkerPool
 from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
 from .elastic import Group, Scaler
-from .pool import SubWorkerLost, SubWorkerPool, default_pool
+from .pool import default_pool
 from .sinks.base import Scope, Sink
 from .sources.base import Shard, Source
 from .subworker import Recipe

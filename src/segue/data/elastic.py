@@ -66,7 +66,7 @@ class Scaler:
         pool = None
         path, home = os.environ.get("SEGUE_POOL"), os.environ.get("SEGUE_POOL_HOME")
         if high > low and path and home:
-            from ..store.hostpool import open_pool
+            from ..store.pools import open_pool
 
             try:
                 pool = open_pool(path)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..flow.mapfn import map_params
+from ..flow.model import use_map_step
 from .operators import Operator, operator
 from .sinks.base import Sink
 from .sources.base import Source
@@ -65,7 +66,8 @@ class MapStep:
         return lambda batch, model, params: fn(batch, model)
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        from .driver import READ_BATCH, effective_read_batch, home_dir, run_map
+        from .driver import READ_BATCH, effective_read_batch, home_dir
+        from .runmap import run_map
         from .subworker import Recipe
 
         src, op, snk, dead = self.build(ctx)
@@ -77,3 +79,6 @@ class MapStep:
                             dict(ctx.params), flow_path=path, home=home_dir(ctx))
         return run_map(ctx, src, op, snk, dead_letter=dead, max_failures=self.max_failures,
                        max_failure_rate=self.max_failure_rate, workers=self.workers, recipe=recipe)
+
+
+use_map_step(MapStep)

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..run.procs import die_with_parent
+from .._procs import die_with_parent
 from .driver import dead_rows, default_dead_letter, iter_units
 from .sinks.base import Scope
 

@@ -122,7 +122,7 @@ def _member(conn: Connection, parent_pid: int, kind: str, others: list[Connectio
     # signal stays ignored across exec: a member gets the default a cold one has.
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_DFL)
-    from ..run.procs import die_with_parent
+    from .._procs import die_with_parent
 
     die_with_parent(parent_pid, 3)
     module, name = MEMBER_TARGETS[kind]

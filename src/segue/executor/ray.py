@@ -294,8 +294,8 @@ class RayHandle(WorkerHandle):
 
     def _report(self, doc: dict[str, Any]) -> None:
         """Hand the exit report to the controller where a local worker leaves it."""
+        from ..executor.exits import exit_report_path, write_exit_report
         from ..home import Home
-        from ..run.exits import exit_report_path, write_exit_report
 
         write_exit_report(exit_report_path(Home(Path(self._spec.home)), self._spec.run_id,
                                            self._spec.step, self._spec.epoch), doc)
@@ -364,8 +364,7 @@ class RayExecutor(Executor):
 
     def _warm(self, spec: Launch, name: str, env: dict[str, str], bundle: dict[str, bytes]) -> Any:
         """Create one sub-worker's actor and start its process now."""
-        from .ray_member import MemberActor
-        from .ray_pool import member_options
+        from .ray_member import MemberActor, member_options
 
         if self._member_cls is None:
             self._member_cls = import_ray().remote(MemberActor)

@@ -154,3 +154,17 @@ if __name__ == "__main__":
     sys.stdout.flush()
     os._exit(0)
 
+
+def member_options(resources: Any) -> dict[str, Any]:
+    """What one member's actor asks Ray for: the step's resources, per member."""
+    # run() blocks; signal() and read_log() must still be answered meanwhile.
+    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 4,
+                            "num_cpus": float(getattr(resources, "cpus", 1.0)),
+                            "num_gpus": int(getattr(resources, "gpus", 0))}
+    memory = getattr(resources, "memory", None)
+    if memory:
+        opts["memory"] = memory
+    accelerator = getattr(resources, "accelerator", None)
+    if accelerator and opts["num_gpus"]:
+        opts["accelerator_type"] = str(accelerator).upper()
+    return opts

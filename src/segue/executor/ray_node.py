@@ -191,8 +191,8 @@ class AttemptActor:
         """Start the worker, wait for it, and return its exit code and report."""
         import ray
 
+        from ..executor.exits import exit_report_path
         from ..home import Home
-        from ..run.exits import exit_report_path
 
         where = node_home(home, env)
         if isinstance(where, str):  # this node cannot reach the run's store

@@ -1,6 +1,6 @@
 """Members of a step as Ray actors: a data step's sub-workers, a gang's ranks.
 
-The :class:`~segue.data.pool.SubWorkerPool` seam, on Ray. The attempt's worker
+The :class:`~segue.executor.pool.SubWorkerPool` seam, on Ray. The attempt's worker
 (the coordinator, itself in an actor: executor.ray) joins the cluster and
 starts one :class:`~segue.executor.ray_member.MemberActor` per member, each
 asking Ray for one member's resources; a gang's ranks are placed together as
@@ -33,9 +33,10 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from ..data.pool import ConnectionPool, SubWorkerLost
 from .doorman import Doorman
+from .pool import ConnectionPool, SubWorkerLost
 from .ray import WARM_ENV, connect, forwarded_env
+from .ray_member import member_options
 from .ray_node import drain_log, flow_bundle
 
 log = logging.getLogger("segue.executor.ray")
@@ -306,18 +307,3 @@ def _emit(data: bytes) -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
         os.write(2, data)
-
-
-def member_options(resources: Any) -> dict[str, Any]:
-    """What one member's actor asks Ray for: the step's resources, per member."""
-    # run() blocks; signal() and read_log() must still be answered meanwhile.
-    opts: dict[str, Any] = {"max_restarts": 0, "max_task_retries": 0, "max_concurrency": 4,
-                            "num_cpus": float(getattr(resources, "cpus", 1.0)),
-                            "num_gpus": int(getattr(resources, "gpus", 0))}
-    memory = getattr(resources, "memory", None)
-    if memory:
-        opts["memory"] = memory
-    accelerator = getattr(resources, "accelerator", None)
-    if accelerator and opts["num_gpus"]:
-        opts["accelerator_type"] = str(accelerator).upper()
-    return opts

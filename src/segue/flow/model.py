@@ -87,6 +87,24 @@ def worker_range(workers: Any) -> tuple[int, int]:
                     f"1 <= min <= max, not {workers!r}")
 
 
+# The data layer (above this one) hands flow the class a @flow.map step runs as when
+# it is imported (segue/data/mapstep.py), so flow never imports data.
+_MAP_STEP: Any = None
+
+
+def use_map_step(cls: Any) -> None:
+    """Called once by ``segue.data``: the class ``flow.map`` builds each data step with."""
+    global _MAP_STEP
+    _MAP_STEP = cls
+
+
+def _map_step_class() -> Any:
+    if _MAP_STEP is None:
+        raise FlowError("flow.map needs the data layer: import segue.data in the flow file "
+                        "(its sources and sinks come from there)")
+    return _MAP_STEP
+
+
 def _check_map_options(*, source: Any, sink: Any, batch_size: Any, batch_bytes: Any,
                        max_failures: Any, max_failure_rate: Any, workers: Any) -> None:
     """Refuse a bad ``@flow.map`` declaration when the flow loads, not when the step runs."""
@@ -342,8 +360,7 @@ class Flow:
                 step_options.setdefault(key, value)
 
         def register(fn: Callable[..., Any]) -> Callable[..., Any]:
-            from ..data.mapstep import MapStep
-
+            MapStep = _map_step_class()
             check_map_fn(fn, kind, model)
             decl = MapStep(fn, source, sink, kind=kind, batch_size=batch_size, batch_bytes=batch_bytes,
                            dead_letter=dead_letter, max_failures=max_failures,

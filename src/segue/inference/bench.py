@@ -265,7 +265,7 @@ def cores_used() -> int:
 def device_price(home_root: Path | None, device_type: str, cores: int) -> tuple[float, str]:
     """USD per hour of the device from the pricing catalog (home overrides included);
     the CPU is priced per core-hour times the cores used."""
-    from ..scheduler.pricing import CPU, Prices
+    from ..placement.pricing import CPU, Prices
 
     prices = Prices.resolve(home_root)
     if device_type == CPU:

@@ -1,7 +1,7 @@
 """The GPU catalog of the planner: memory capacity, memory bandwidth, dense bf16 compute.
 
-Keys are those of :data:`segue.scheduler.pricing.CATALOG`, so a GPU's price per
-hour comes from :class:`~segue.scheduler.pricing.Prices` (defaults, the home's
+Keys are those of :data:`segue.placement.pricing.CATALOG`, so a GPU's price per
+hour comes from :class:`~segue.placement.pricing.Prices` (defaults, the home's
 own prices, ``--price``). This module holds datasheet numbers only.
 
 Capacity is the total the driver reports (``nvidia-smi``'s MiB), which is what
@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from ..scheduler.pricing import device_type
+from ..placement.pricing import device_type
 
 MIB = 1 << 20
 

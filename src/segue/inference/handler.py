@@ -24,20 +24,15 @@ import re
 from collections.abc import Sequence
 from typing import Any, Generic, TypeVar
 
-from ..errors import SegueError, UsageError
+from ..errors import UsageError
 from ..flow.model import parse_memory
+from .loaded import AUTO as AUTO
+from .loaded import Loaded as Loaded
+from .loaded import ModelLoadError as ModelLoadError
 
 M = TypeVar("M")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-AUTO = "auto"
-
-
-class ModelLoadError(SegueError):
-    """The model could not be loaded: the attempt fails (and retries); no record is dead-lettered."""
-
-    segue_fatal = True  # the data layer re-raises it instead of dead-lettering the batch
-    segue_retryable = True  # set per cause: a missing file or module is not worth a retry
 
 
 class ModelHandler(abc.ABC, Generic[M]):
@@ -171,31 +166,6 @@ class ModelHandler(abc.ABC, Generic[M]):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}@{self.version} batch={self.max_batch_size}>"
-
-
-class Loaded(Generic[M]):
-    """A loaded model as the step function sees it: call it on a batch.
-
-    ``model(batch)`` is ``handler.run_inference(batch, model.raw)``; ``raw`` is
-    the library's own object, for anything else.
-    """
-
-    __slots__ = ("handler", "raw", "device", "unit")
-
-    def __init__(self, handler: ModelHandler[M], raw: M, device: str) -> None:
-        self.handler, self.raw, self.device = handler, raw, device
-        self.unit: Any = None  # the data step's batch in flight (inference.unit.UnitState), if any
-
-    def __call__(self, batch: Sequence[Any]) -> Sequence[Any]:
-        resumable = getattr(self.handler, "run_resumable", None)  # a generate handler
-        if resumable is not None:
-            out = resumable(batch, self.raw, self.unit)
-        else:
-            out = self.handler.run_inference(batch, self.raw)
-        if len(out) != len(batch):
-            raise ValueError(f"handler {self.handler.name!r} returned {len(out)} outputs "
-                             f"for a batch of {len(batch)}; run_inference must return one per input")
-        return out
 
 
 def free_torch_cuda_cache() -> None:

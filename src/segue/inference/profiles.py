@@ -96,7 +96,7 @@ def device_type_of(device: str) -> str:
         return "cpu" if device == "cpu" else device
     import torch
 
-    from ..scheduler.pricing import device_type
+    from ..placement.pricing import device_type
 
     index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)

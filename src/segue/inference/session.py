@@ -15,10 +15,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UsageError
-from .handler import AUTO, Loaded, ModelHandler, ModelLoadError
+from .loaded import AUTO, Loaded, ModelLoadError
+
+if TYPE_CHECKING:
+    from .handler import ModelHandler
 
 log = logging.getLogger("segue.inference")
 

@@ -50,7 +50,7 @@ class PumpResult:
 
 
 def _user_agent() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return f"segue/{__version__}"
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from .. import _faults
 from .. import checkpoint as ckpt
+from .._park import Park as Park
 from ..checkpoint.interval import IntervalPolicy
 from ..errors import CheckpointCorruptError, UsageError
 from ..flow.model import StepSpec
@@ -28,7 +29,6 @@ from ..states import Actor
 from ..store.base import Store
 from . import rng
 from .metrics import MetricsBuffer, TensorBoardExport, check_points
-from .park import Park as Park
 from .restart import no_valid_checkpoint, restart_floor
 
 log = logging.getLogger("segue.step")

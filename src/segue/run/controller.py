@@ -19,21 +19,23 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .. import _faults
+from .._procs import pid_alive
 from ..errors import FencedError, StoreError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
+from ..executor.exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 from ..flow.model import StepSpec
 from ..home import Home
 from ..hostname import this_host
 from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import Clock, RunRecord, Store, TaskRecord
-from ..store.hostpool import home_key, open_pool, pool_path
-from .exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
+from ..store.hostpool import home_key, pool_path
+from ..store.pools import open_pool
 from .logs import attempt_log_path, record_failure
 from .options import RunOptions
 from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
-from .procs import pid_alive
 from .recovery import attempt_start, describe_exit, last_alive, reclaim_orphan
+from .spawn import spawn_detached
 from .storage_check import shared_storage
 
 log = logging.getLogger("segue.controller")
@@ -147,8 +149,6 @@ class Controller:
         )
 
     def _spawn_controller(self, home: str, run_id: str) -> None:
-        from .ops import spawn_detached  # ops builds on this module
-
         # A run of this store (every run of a cluster's store has its key) is this home's.
         spawn_detached(self.home if home == self.sched.home else Home.resolve(home), run_id,
                        pool=self.pool_path)

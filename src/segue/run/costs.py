@@ -13,11 +13,11 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from .._procs import controller_alive
+from ..placement.pricing import CPU, HOURS_PER_MONTH, UNKNOWN_GPU, Prices
 from ..scheduler.accounting import gpus_of, pending_saving, rates_of
-from ..scheduler.pricing import CPU, HOURS_PER_MONTH, UNKNOWN_GPU, Prices
 from ..states import TaskState
 from ..store.base import Store
-from .procs import controller_alive
 from .recovery import attempt_start, last_alive
 
 
@@ -82,7 +82,6 @@ def _usd(x: float) -> float:
 def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
                now: float | None = None, pool: Any = None,
                home_key: str | None = None) -> dict[str, Any]:
-    from .status import paused_seconds  # status imports this module
 
     prices = prices or Prices.resolve()
     now = time.time() if now is None else now
@@ -150,3 +149,19 @@ def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
             "storage_usd_per_gb_month": storage_price,
         },
     }
+
+
+def paused_seconds(store: Store, run_id: str, until: float | None = None) -> float:
+    """Time the run spent PAUSED (or PAUSING), from its event log."""
+    total, since = 0.0, None
+    for e in store.list_events(run_id, kinds=("run",)):
+        if e.to_state is None:
+            continue
+        if e.to_state in ("PAUSING", "PAUSED") and since is None:
+            since = e.time
+        elif e.to_state not in ("PAUSING", "PAUSED") and since is not None:
+            total += e.time - since
+            since = None
+    if since is not None:
+        total += (until or time.time()) - since
+    return total

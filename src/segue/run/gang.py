@@ -2,7 +2,7 @@
 
 The attempt's worker process is the gang's coordinator: it holds the task's
 lease and epoch, heartbeats, and runs no rank itself. It starts the N ranks
-behind the :class:`~segue.data.pool.SubWorkerPool` seam (local processes
+behind the :class:`~segue.executor.pool.SubWorkerPool` seam (local processes
 today) and speaks this protocol with each (rank -> coordinator, replies)::
 
     restore                   -> restored STATE RNG   the shards of the checkpoint a rank resumes from:
@@ -51,7 +51,6 @@ number of ranks is refused, with what to do.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import socket
 import time
@@ -61,13 +60,14 @@ from typing import Any, cast
 
 from .. import _faults
 from .. import checkpoint as ckpt
-from ..checkpoint.format import MANIFEST_NAME
-from ..data.pool import SubWorkerPool, default_pool
+from .._park import Park
+from ..data.pool import default_pool
 from ..errors import CheckpointCorruptError, SegueError
+from ..executor.pool import SubWorkerPool
 from ..states import Actor
 from ..store.base import Store
 from .context import StepContext
-from .park import Park
+from .gang_recipe import GangAborted, RankRecipe, manifest_digest, shard_path
 
 VOTE_TIMEOUT_ENV = "SEGUE_GANG_VOTE_TIMEOUT_S"
 VOTE_TIMEOUT_S = 600.0
@@ -80,26 +80,6 @@ class GangError(SegueError):
     segue_retryable = False
 
 
-class GangAborted(SegueError):
-    """A checkpoint of the gang was aborted (a vote did not come): retried from the last commit."""
-
-    segue_retryable = True
-
-
-@dataclass(frozen=True)
-class RankRecipe:
-    """What a rank process needs to run its copy of the step."""
-
-    home: str
-    run_id: str
-    step: str
-    epoch: int
-    world_size: int
-    master_port: int  # torch.distributed's rendezvous at master_addr
-    distributed: str | None
-    master_addr: str = "127.0.0.1"  # on Ray: rank 0's node (executor.ray_pool sets it)
-
-
 @dataclass
 class _Voting:
     seq: int
@@ -109,16 +89,6 @@ class _Voting:
     deadline: float
     t0: float = field(default_factory=time.perf_counter)
     votes: dict[int, tuple[str, int, Any, bool]] = field(default_factory=dict)  # rank -> (sha, nbytes, position, replicated)
-
-
-def shard_path(path: str, rank: int) -> str:
-    return f"{path}/rank-{rank}"
-
-
-def manifest_digest(storage: ckpt.CheckpointStorage, path: str) -> tuple[str, int]:
-    """The SHA-256 and size of a checkpoint's manifest, read once."""
-    raw = storage.read_bytes(f"{path}/{MANIFEST_NAME}")
-    return hashlib.sha256(raw).hexdigest(), len(raw)
 
 
 def _free_port() -> int:

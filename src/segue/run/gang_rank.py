@@ -21,14 +21,14 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._canon import digest
+from .._park import Park
+from .._procs import die_with_parent
 from ..flow import load_flow
 from ..home import Home
 from . import rng
 from .context import Flags, StepContext
-from .gang import GangAborted, RankRecipe, manifest_digest, shard_path
-from .park import Park
-from .procs import die_with_parent
-from .worker import flow_file, input_loader, save_output
+from .gang_recipe import GangAborted, RankRecipe, manifest_digest, shard_path
+from .stepio import flow_file, input_loader, save_output
 
 PROGRESS_EVERY_S = 0.25  # rank 0's progress reaches the coordinator at most this often
 

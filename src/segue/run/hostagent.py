@@ -40,15 +40,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._procs import pid_alive
 from ..errors import ControllerConflictError, FencedError, UnknownRunError
 from ..home import Home
 from ..hostname import ENV as HOST_ENV
 from ..states import RunState
 from ..store.base import RunRecord, Store
-from ..store.hostpool import home_key, open_pool, pool_path
+from ..store.hostpool import home_key, pool_path
+from ..store.pools import open_pool
 from . import ops
 from .options import RunOptions
-from .procs import pid_alive
 
 log = logging.getLogger("segue.agent")
 

@@ -164,7 +164,7 @@ def record_failure(store: Store, home: Home, run_id: str, step: str, epoch: int,
     Best effort: it never raises, because the failure's own transition (retry or
     fail) must not wait on a diagnostic.
     """
-    from .exits import exit_report_path
+    from ..executor.exits import exit_report_path
 
     tb = ""
     try:

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._procs import pid_alive, wait_dead
 from ..errors import (
     CodeChangedError,
     ControllerConflictError,
@@ -32,12 +30,11 @@ from ..hostname import this_host
 from ..scheduler.admission import check_satisfiable
 from ..states import Actor, RunState, TaskState, check_run
 from ..store.base import NewRun, RunRecord, Store, TaskRecord
-from ..store.hostpool import open_pool
-from ..store.postgres import is_postgres_url
+from ..store.pools import open_pool
 from . import restart
 from .controller import Controller, Interrupts
 from .options import RunOptions
-from .procs import pid_alive, wait_dead
+from .spawn import spawn_detached as spawn_detached
 
 
 @dataclass(frozen=True)
@@ -196,30 +193,6 @@ def check_no_live_controller(run: RunRecord, at: float, grace_s: float = 2.0) ->
         f"run {run.run_id!r} is already driven by a live controller (pid {run.controller_pid} "
         f"on {run.controller_host}); pause it first, or wait for it to finish"
     )
-
-
-def spawn_detached(home: Home, run_id: str, *, allow_code_change: bool = False,
-                   pool: str | os.PathLike[str] | None = None,
-                   claim: tuple[int, str | None] | None = None) -> int:
-    """Start a controller in its own session; it outlives this process. ``pool``:
-    the host pool it uses (default: the one ``$SEGUE_POOL`` names). ``claim``: a
-    host agent's (controller epoch, previous controller's host); the controller
-    takes the lease over only at that epoch (see run.hostagent)."""
-    log = home.logs_dir(run_id) / "controller.log"
-    cmd = [sys.executable, "-m", "segue.run.daemon", "--home", str(home.root), "--run", run_id]
-    if pool is not None and not is_postgres_url(str(pool)):
-        cmd += ["--pool", str(pool)]  # a cluster's pool is the home's store: no URL in argv
-    if claim is not None:
-        cmd += ["--claim-epoch", str(claim[0])] + (["--prev-host", claim[1]] if claim[1] else [])
-    if allow_code_change:
-        cmd.append("--allow-code-change")
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    # A long-lived caller (a server, a notebook) must reap it when it exits, or
-    # zombies pile up; the thread holds the only reference until then.
-    threading.Thread(target=proc.wait, name=f"reap-controller-{proc.pid}", daemon=True).start()
-    return proc.pid
 
 
 def request_pause(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:

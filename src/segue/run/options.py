@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from ..errors import UsageError
-from ..scheduler.policy import MAX_PRIORITY
+from ..placement.policy import MAX_PRIORITY
 
 # Options whose value is one of a few words (the others are numbers or booleans).
 _CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new"),
@@ -78,7 +78,7 @@ class RunOptions:
 
     @property
     def is_preemptible(self) -> bool:
-        from ..scheduler.policy import default_preemptible
+        from ..placement.policy import default_preemptible
 
         return default_preemptible(self.priority) if self.preemptible is None else self.preemptible
 

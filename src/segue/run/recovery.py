@@ -12,13 +12,13 @@ import os
 import signal
 import time
 
+from .._procs import controller_alive, pid_alive, wait_dead
+from ..executor.exits import exit_report_path
 from ..home import Home
 from ..hostname import this_host
 from ..states import RunState, TaskState
 from ..store.base import RunRecord, Store, TaskRecord
-from .exits import exit_report_path
 from .outage import EXIT_DISK_FULL, disk_full_line
-from .procs import controller_alive, pid_alive, wait_dead
 
 
 def reclaim_orphan(

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
-from ..scheduler.pricing import Prices
+from .._procs import controller_alive
+from ..placement.pricing import Prices
 from ..scheduler.views import display_states
 from ..states import TaskState
 from ..store.base import CheckpointRecord, Event, Store
 from . import costs
 from .logs import last_failures
-from .procs import controller_alive
 from .recovery import controller_waiting, lost_controller
 
 
@@ -111,22 +110,6 @@ def _store_dir(store: Store) -> str | None:
 def _unit(ck: CheckpointRecord | None) -> str | None:
     unit = ck.position.get("unit") if ck is not None and isinstance(ck.position, dict) else None
     return unit if isinstance(unit, str) else None
-
-
-def paused_seconds(store: Store, run_id: str, until: float | None = None) -> float:
-    """Time the run spent PAUSED (or PAUSING), from its event log."""
-    total, since = 0.0, None
-    for e in store.list_events(run_id, kinds=("run",)):
-        if e.to_state is None:
-            continue
-        if e.to_state in ("PAUSING", "PAUSED") and since is None:
-            since = e.time
-        elif e.to_state not in ("PAUSING", "PAUSED") and since is not None:
-            total += e.time - since
-            since = None
-    if since is not None:
-        total += (until or time.time()) - since
-    return total
 
 
 def accounting(store: Store, run_id: str, prices: Prices | None = None, *, pool: Any = None,

@@ -18,22 +18,14 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from typing import Any
 
 from .. import _faults
-from .. import checkpoint as ckpt
 from .._canon import digest
+from .._procs import die_with_parent
 from .._rngshield import shield_libraries
 from ..errors import FencedError, NoValidCheckpointError
-from ..executor.ray_lean import own_process
-from ..flow import load_flow
-from ..home import Home, output_path
-from ..hostname import this_host
-from ..states import Actor, RunState, TaskState
-from ..store.base import Store
-from .context import Flags, Park, StepContext
-from .exits import (
+from ..executor.exits import (
     EXIT_FAILED,
     EXIT_FENCED,
     EXIT_OK,
@@ -42,8 +34,15 @@ from .exits import (
     exit_report_path,
     write_exit_report,
 )
+from ..executor.ray_lean import own_process
+from ..flow import load_flow
+from ..home import Home
+from ..hostname import this_host
+from ..states import Actor, RunState, TaskState
+from ..store.base import Store
+from .context import Flags, Park, StepContext
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
-from .procs import die_with_parent
+from .stepio import flow_file, input_loader, save_output
 
 log = logging.getLogger("segue.worker")
 
@@ -90,34 +89,6 @@ class Heartbeat(threading.Thread):
                 os._exit(EXIT_FENCED)
             except Exception as exc:  # a busy database must not kill the step
                 log.warning("heartbeat failed: %s", exc)
-
-
-def flow_file(run: Any) -> str:
-    """The flow file this worker loads: the run's, or the copy of its source that
-    an executor placed on this node ($SEGUE_FLOW_FILE, see executor.ray_node)."""
-    return os.environ.get("SEGUE_FLOW_FILE") or run.flow_path
-
-
-def input_loader(store: Store, storage: ckpt.CheckpointStorage, run_id: str,
-                 allow_pickle: bool) -> Callable[[str], Any]:
-    """``load(step)``: an upstream step's output, loaded and verified (None if it returned None)."""
-
-    def load(name: str) -> Any:
-        ref = store.get_task(run_id, name).output_ref
-        if ref is None:
-            return None
-        return ckpt.load(storage, ref, allow_pickle=allow_pickle).state["value"]
-
-    return load
-
-
-def save_output(storage: ckpt.CheckpointStorage, run_id: str, step: str, epoch: int, value: Any, *,
-                allow_pickle: bool) -> str:
-    """Save a step's return value as its output checkpoint; returns the reference."""
-    ref = output_path(run_id, step, epoch)
-    ckpt.save(storage, ref, {"value": value}, meta={"kind": "output", "run_id": run_id, "step": step,
-              "epoch": epoch}, allow_pickle=allow_pickle)
-    return ref
 
 
 def describe_error(exc: BaseException, home: Home, run_id: str) -> str:

@@ -1,6 +1,6 @@
 """Priority scheduling of accelerators: the pool, policies and preemption."""
 
-from .policy import (
+from ..placement.policy import (
     PRIORITY_CLASSES,
     Capacity,
     Device,

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..placement.pricing import CPU, UNKNOWN_GPU, device_type
 from ..store.pool import AllocationRecord, HostPool
-from .pricing import CPU, UNKNOWN_GPU, device_type
 
 Rates = dict[str, float]  # type -> devices (or cores) held
 

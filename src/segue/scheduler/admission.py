@@ -13,10 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from ..errors import UsageError
 from ..flow.model import StepSpec
 from ..hostname import this_host
-from ..store.hostpool import never_fits, open_pool
+from ..placement.policy import step_need
+from ..store.hostpool import never_fits
 from ..store.pool import HostPoolStore
+from ..store.pools import open_pool
 from .devices import ensure_host
-from .policy import step_need
 
 
 def check_satisfiable(

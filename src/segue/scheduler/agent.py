@@ -17,17 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from .._procs import pid_alive
 from ..errors import FencedError, IllegalTransitionError, SegueError
 from ..executor.base import PoolHost
 from ..flow.model import StepSpec
-from ..run.procs import pid_alive
-from ..states import Actor, RunState, TaskState
-from ..store.base import TaskRecord
-from ..store.hostpool import kinds, never_fits, shared_part
-from ..store.pool import Allocated, Denied, HostPoolStore, Placement
-from .accounting import attempt_deltas, mean_rates, rates_of
-from .devices import ensure_cluster_host, ensure_host
-from .policy import (
+from ..placement.policy import (
     Device,
     Holder,
     Need,
@@ -38,6 +32,12 @@ from .policy import (
     step_need,
     wait_reason,
 )
+from ..states import Actor, RunState, TaskState
+from ..store.base import TaskRecord
+from ..store.hostpool import kinds, never_fits, shared_part
+from ..store.pool import Allocated, Denied, HostPoolStore, Placement
+from .accounting import attempt_deltas, mean_rates, rates_of
+from .devices import ensure_cluster_host, ensure_host
 
 log = logging.getLogger("segue.scheduler")
 

@@ -65,7 +65,7 @@ def virtual_gpus(n: int, memory: int, kind: str | None = None, start: int = 0) -
     'h100' or 'rtx-pro-6000') they are named by that type, so steps with an
     ``accelerator=`` hint match them; without, they are 'virtual-N'."""
     if kind:
-        from .policy import canonical_accelerator
+        from ..placement.policy import canonical_accelerator
 
         return [(canonical_accelerator(kind), memory, True) for _ in range(n)]
     return [(f"virtual-{start + i}", memory, True) for i in range(n)]

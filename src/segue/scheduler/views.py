@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ..placement.policy import kind_matches, priority_name
 from ..states import RunState
 from ..store.hostpool import kinds
 from ..store.pool import AllocationRecord, HostPool, RequestRecord
 from .devices import GpuProcesses
-from .policy import kind_matches, priority_name
 
 
 def pool_doc(hp: HostPool, allocs: Iterable[AllocationRecord], procs: GpuProcesses,

@@ -48,8 +48,8 @@ from .. import errors
 from ..client.base import MAX_POOL_CHANGES
 from ..client.local import LocalClient
 from ..home import Home
+from ..placement.policy import priority_class
 from ..run.logs import check_step
-from ..scheduler.policy import priority_class
 from .auth import Principal, Role, parse_classes
 from .security import GuardedRoute, Security
 from .wording import api_message
@@ -233,7 +233,7 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
 
     @app.post("/api/runs", status_code=201)
     def submit(body: SubmitBody, p: Principal = operator) -> JSONResponse:
-        from ..scheduler.policy import parse_priority
+        from ..placement.policy import parse_priority
 
         given = body.priority if body.priority is not None else body.options.get("priority", 100)
         prio = parse_priority(given if isinstance(given, str | int) else 100)  # a bad type fails in submit
@@ -425,7 +425,7 @@ def _progress(c: LocalClient, first: Any, poll_s: float) -> Iterator[dict[str, A
 
 
 def _version() -> str:
-    from .. import __version__
+    from .._version import __version__
 
     return __version__
 

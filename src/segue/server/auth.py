@@ -37,7 +37,7 @@ from typing import Any
 
 from ..errors import NotFoundError, UsageError
 from ..home import Home
-from ..scheduler.policy import PRIORITY_CLASSES as CLASSES
+from ..placement.policy import PRIORITY_CLASSES as CLASSES
 
 TOKENS_FILE = "tokens.json"
 LOCK_FILE = "tokens.lock"

@@ -27,14 +27,12 @@ import threading
 from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from ..errors import StoreError
-from ..scheduler.policy import (
+from ..placement.policy import (
     Capacity,
-    Device,
     Need,
-    device_kind,
     gib,
     kind_matches,
     place,
@@ -42,11 +40,22 @@ from ..scheduler.policy import (
 )
 from .base import Clock, now
 from .hostpool_elastic import ElasticPoolMixin
+from .hostpool_rows import (
+    _LIVE,
+    Db,
+    _alloc,
+    _free,
+    _host,
+    _pool_change,
+    _preemption,
+    _request,
+    _requests,
+    kinds,
+)
 from .pool import (
     Allocated,
     AllocationRecord,
     Denied,
-    DeviceRecord,
     HostPool,
     HostPoolStore,
     PoolChange,
@@ -59,20 +68,8 @@ from .sqlite_rows import BUSY_TIMEOUT_S, PerThreadConnection, configure
 T = TypeVar("T")
 
 
-class Db(Protocol):
-    """One transaction of the pool, whichever the backend: ``?`` parameters, rows
-    indexed by column name, and the pool's clock read once per transaction."""
-
-    def execute(self, sql: str, args: Sequence[Any] = ()) -> Any: ...
-
-    def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
-
-    def now(self) -> float: ...
-
-
 POOL_ENV = "SEGUE_POOL"
 SHARED_DIR = Path("/var/lib/segue")
-_LIVE = "released_at IS NULL AND lease_until > ?"
 
 _SCHEMA = (
     """CREATE TABLE hosts (host TEXT PRIMARY KEY, cpus REAL NOT NULL, memory INTEGER NOT NULL,
@@ -156,23 +153,6 @@ def pool_path(home: Path | str | None = None) -> Path | str:
         return SHARED_DIR / "pool.db"
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state).expanduser() / "segue" / "pool.db"
-
-
-def open_pool(path: str | Path | None = None, *, store: Any = None) -> SqlHostPool:
-    """The pool at ``path`` (a file or a PostgreSQL URL; default :func:`pool_path`).
-    ``store``: the caller's store; a pool in its database shares its connections."""
-    where = path if path is not None else pool_path()
-    if isinstance(where, str) and is_postgres_url(where):
-        from .postgres_hostpool import PostgresHostPool
-
-        return PostgresHostPool(store if getattr(store, "url", None) == where else where)
-    p = Path(where)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True, mode=0o755 if p.parent == SHARED_DIR else 0o700)
-    except OSError as e:
-        raise StoreError(f"cannot create the host pool directory {p.parent}: {e}; "
-                         f"set {POOL_ENV} or --pool to a writable path") from e
-    return SQLiteHostPool(p)
 
 
 def home_key(home: Path | str, store: Any) -> str:
@@ -568,11 +548,6 @@ def shared_part(need: Need, other_home: bool) -> Need:
                 accelerator=need.accelerator) if other_home else need
 
 
-def kinds(hp: HostPool) -> dict[int, str]:
-    """Each device's type, as ``accelerator=`` hints are matched against it."""
-    return {d.index: device_kind(d.name, d.memory, d.virtual) for d in hp.devices}
-
-
 def never_fits(need: Need, hp: HostPool) -> str | None:
     """Why ``need`` can never run on this host as configured, or None."""
     if need.gpus <= 0:
@@ -615,97 +590,3 @@ def _os_user() -> str:
 
 def _where(other: str, home: str) -> str:
     return "" if other == home else f" of home {other}"
-
-
-def _host(conn: Db, host: str) -> HostPool | None:
-    row = conn.execute("SELECT * FROM pool_hosts WHERE host = ?", (host,)).fetchone()
-    if row is None:
-        return None
-    devs = tuple(
-        DeviceRecord(host, d["device"], d["name"], d["memory"], bool(d["virtual"]))
-        for d in conn.execute("SELECT * FROM pool_devices WHERE host = ? ORDER BY device", (host,))
-    )
-    return HostPool(host, row["cpus"], row["memory"], row["source"], devs, row["updated_at"])
-
-
-def _free(conn: Db, host: str, t: float, home: str | None) -> Capacity:
-    """Free devices of the host, and free cpus and memory as seen by ``home``.
-
-    Devices are the machine's: an allocation of any home that holds a device
-    whole (no ``gpu_memory``) takes it out; one that shares it takes its bytes,
-    and the device stays listed with the memory its sharers leave. CPU
-    and memory figures are a share of the host that each home budgets for
-    itself (oversubscribing cores only slows runs down, while two holders of
-    one GPU break both), so only ``home``'s own allocations count against them
-    (every home's when ``home`` is None).
-    """
-    hp = _host(conn, host)
-    if hp is None:
-        return Capacity((), 0.0, 0)
-    whole: set[int] = set()
-    used: dict[int, int] = {}
-    sharers: dict[int, int] = {}
-    cpus, mem = hp.cpus, hp.memory
-    for r in conn.execute(f"SELECT * FROM allocations WHERE host = ? AND {_LIVE}", (host, t)):
-        a = _alloc(r)
-        for i in a.devices:
-            if a.gpu_memory is None:
-                whole.add(i)
-            else:
-                used[i] = used.get(i, 0) + a.gpu_memory
-                sharers[i] = sharers.get(i, 0) + 1
-        if home is None or a.home == home:
-            cpus -= a.cpus
-            mem -= a.memory
-    kind = kinds(hp)
-    devices = tuple(
-        Device(d.index, d.memory, free=max(0, d.memory - used.get(d.index, 0)),
-               sharers=sharers.get(d.index, 0), kind=kind[d.index])
-        for d in hp.devices if d.index not in whole)
-    return Capacity(devices, cpus, mem)
-
-
-def _requests(conn: Db, host: str | None, t: float) -> list[RequestRecord]:
-    sql, args = "SELECT * FROM pool_requests WHERE lease_until > ?", list[Any]([t])
-    if host is not None:
-        sql += " AND host = ?"
-        args.append(host)
-    sql += " ORDER BY priority DESC, submitted_at ASC"
-    return [_request(r) for r in conn.execute(sql, args)]
-
-
-def _alloc(r: Any) -> AllocationRecord:
-    return AllocationRecord(
-        id=r["id"], host=r["host"], home=r["home"], run_id=r["run_id"], step=r["step"],
-        epoch=r["epoch"], devices=tuple(json.loads(r["devices"])), cpus=r["cpus"],
-        memory=r["memory"], priority=r["priority"], preemptible=bool(r["preemptible"]),
-        since=r["since"], lease_until=r["lease_until"], released_at=r["released_at"],
-        ckpt_at=r["ckpt_at"], preemptions=r["preemptions"], gpu_memory=r["gpu_memory"],
-        per_worker=r["per_worker"], min_gpus=r["min_gpus"],
-        revoke=tuple(json.loads(r["revoke"])) if r["revoke"] else (), parent=r["parent"],
-        accelerator=r["accelerator"],
-    )
-
-
-def _request(r: Any) -> RequestRecord:
-    return RequestRecord(
-        home=r["home"], run_id=r["run_id"], step=r["step"], host=r["host"],
-        priority=r["priority"],
-        need=Need(gpus=r["gpus"], gpu_memory=r["gpu_memory"], cpus=r["cpus"], memory=r["memory"],
-                  accelerator=r["accelerator"]),
-        submitted_at=r["submitted_at"], reason=r["reason"], lease_until=r["lease_until"],
-    )
-
-
-def _pool_change(r: Any) -> PoolChange:
-    return PoolChange(id=r["id"], time=r["time"], host=r["host"], actor=r["actor"], user=r["user"],
-                      change=json.loads(r["change"]))
-
-
-def _preemption(r: Any) -> PreemptionRequest:
-    return PreemptionRequest(
-        id=r["id"], home=r["home"], run_id=r["run_id"], by_home=r["by_home"], by_run=r["by_run"],
-        reason=r["reason"], created_at=r["created_at"], lease_until=r["lease_until"],
-        outcome=r["outcome"],
-        devices=None if r["devices"] is None else tuple(json.loads(r["devices"])),
-    )

@@ -25,16 +25,11 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from ..scheduler.policy import Need, place
+from ..placement.policy import Need, place
+from .hostpool_rows import _LIVE, _alloc, _free, _requests
 from .pool import AllocationRecord
 
 _KEY = "home = ? AND run_id = ? AND step = ? AND epoch = ?"
-
-
-def _hp() -> Any:
-    from . import hostpool  # the row helpers; hostpool imports this module
-
-    return hostpool
 
 
 class ElasticPoolMixin:
@@ -46,7 +41,6 @@ class ElasticPoolMixin:
 
     def grow(self, home: str, run_id: str, step: str, epoch: int, *, gpus: int,
              max_gpus: int) -> tuple[int, ...]:
-        hp = _hp()
 
         def body(db: Any) -> tuple[int, ...]:
             t = db.now()
@@ -57,10 +51,10 @@ class ElasticPoolMixin:
             want = min(gpus, max_gpus - len(a.devices)) // g * g
             if want <= 0:
                 return ()
-            for r in hp._requests(db, a.host, t):
+            for r in _requests(db, a.host, t):
                 if (r.home, r.run_id) != (home, run_id) and r.need.gpus:
                     return ()  # growth never takes what a waiting run could use
-            free = hp._free(db, a.host, t, home)
+            free = _free(db, a.host, t, home)
             while want > 0:
                 devs = place(Need(gpus=want, gpu_memory=a.gpu_memory, accelerator=a.accelerator),
                              free)
@@ -94,8 +88,8 @@ class ElasticPoolMixin:
             t = db.now()
             hit = False
             for r in db.execute(f"SELECT * FROM allocations WHERE home = ? AND run_id = ?"
-                                f" AND {_hp()._LIVE}", (home, run_id, t)).fetchall():
-                a = _hp()._alloc(r)
+                                f" AND {_LIVE}", (home, run_id, t)).fetchall():
+                a = _alloc(r)
                 mine = promised.intersection(a.devices)
                 if a.elastic and mine:
                     db.execute("UPDATE allocations SET revoke = ? WHERE id = ?",
@@ -113,7 +107,7 @@ class ElasticPoolMixin:
                 row = db.execute("SELECT * FROM allocations WHERE id = ?", (next_id,)).fetchone()
                 if row is None:
                     break
-                a = _hp()._alloc(row)
+                a = _alloc(row)
                 out.append(a)
                 next_id = a.parent
             return list(reversed(out))
@@ -122,9 +116,9 @@ class ElasticPoolMixin:
 
 
 def _live(db: Any, key: tuple[str, str, str, int], t: float) -> AllocationRecord | None:
-    row = db.execute(f"SELECT * FROM allocations WHERE {_KEY} AND {_hp()._LIVE}",
+    row = db.execute(f"SELECT * FROM allocations WHERE {_KEY} AND {_LIVE}",
                      (*key, t)).fetchone()
-    return None if row is None else _hp()._alloc(row)
+    return None if row is None else _alloc(row)
 
 
 def _resize(db: Any, a: AllocationRecord, devices: tuple[int, ...],
@@ -142,4 +136,4 @@ def _resize(db: Any, a: AllocationRecord, devices: tuple[int, ...],
          a.priority, int(a.preemptible), t, a.lease_until, a.ckpt_at, a.preemptions, a.gpu_memory,
          a.per_worker, a.min_gpus, json.dumps(list(revoke)) if revoke else None, a.id,
          a.accelerator)).fetchone()
-    return _hp()._alloc(row)
+    return _alloc(row)

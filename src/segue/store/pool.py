@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..scheduler.policy import Capacity, Need
+from ..placement.policy import Capacity, Need
 from .base import TaskRecord
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
-from ..scheduler.policy import Need
+from ..placement.policy import Need
 from ..states import TaskState, check_task
 from .base import TaskRecord
 from .pool import RequestRecord

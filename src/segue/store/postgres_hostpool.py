@@ -24,7 +24,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
-from .hostpool import Db, SqlHostPool
+from .hostpool import SqlHostPool
+from .hostpool_rows import Db
 from .postgres import PostgresStore
 from .postgres_schema import Tx
 

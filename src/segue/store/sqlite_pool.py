@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
-from ..scheduler.policy import Need
+from ..placement.policy import Need
 from .base import TaskRecord, now
 from .pool import RequestRecord
 

@@ -35,14 +35,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._procs import controller_alive, pid_alive, wait_dead
 from ..errors import UsageError
 from ..flow import load_flow, parse_overrides, resolve
 from ..home import Home
-from ..run.procs import controller_alive, pid_alive, wait_dead
 from ..states import RunState, TaskState
 from .compare import Diff, compare, snapshot
 from .reaper import MARK
-from .sandbox import escaped, keep_inside
+from .sandbox import anchor_inputs, escaped, keep_inside
 
 # Different ids: a sink refuses a directory another run owns, so if the runs
 # ever met (an escaped path), the faulted run is refused instead of silently
@@ -227,6 +227,9 @@ def run_verify(
     # Before anything runs: a declared sink outside the sandbox is remapped into it, or refused.
     overrides, remapped, has_sinks = keep_inside(
         loaded.flow.steps, CLEAN_ID, resolve(loaded.flow.params, overrides), overrides, clean_dir, cwd, log)
+    # And a relative input names the user's file, not one in the (empty) sandbox.
+    overrides = anchor_inputs(loaded.flow.steps, CLEAN_ID, resolve(loaded.flow.params, overrides),
+                              overrides, clean_dir, cwd, log)
     values = resolve(loaded.flow.params, overrides)
     clean = _Cli(clean_dir, base, pool, CLEAN_ID)
     log("clean run ...")

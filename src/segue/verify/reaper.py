@@ -70,7 +70,7 @@ def reap(sandbox: str | Path, *, remove: bool, timeout_s: float = 30.0) -> int:
 
 
 def _alive(pid: int) -> bool:
-    from ..run.procs import pid_alive
+    from .._procs import pid_alive
 
     return pid_alive(pid)
 

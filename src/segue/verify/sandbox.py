@@ -18,6 +18,12 @@ working directory), and a sink outside the sandbox is
 Sinks a step builds inside its function are known only from its output (a
 data step reports its "sink" and "dead_letter"): :func:`escaped` checks those
 after each run.
+
+Inputs go the other way: a parameter that is not a sink's and names, by a
+relative path, something that exists in the user's working directory (an
+input file, ``sqlite:///in.db``) is passed to both runs as an absolute path
+(:func:`anchor_inputs`), so each reads what ``segue run`` would have read
+instead of finding nothing in its empty sandbox.
 """
 
 from __future__ import annotations
@@ -165,6 +171,28 @@ def keep_inside(steps: Mapping[str, Any], run_id: str, params: dict[str, Any], o
         remapped[name] = rel
         params[name] = rel
         overrides = {**overrides, name: rel}
+
+
+def anchor_inputs(steps: Mapping[str, Any], run_id: str, params: Mapping[str, Any],
+                  overrides: dict[str, str], sandbox: Path, cwd: Path,
+                  log: Callable[[str], None] = lambda s: None) -> dict[str, str]:
+    """``overrides`` with each relative parameter that names an existing path under ``cwd``,
+    and no declared sink, made absolute: the runs read the user's input, not their sandbox."""
+    placed, _ = declared(steps, run_id, params, sandbox)
+    sink_params = {param_for(p.where, params, sandbox) for p in placed}
+    out = dict(overrides)
+    for name, value in params.items():
+        if name in sink_params or not isinstance(value, str) or not value.strip():
+            continue
+        prefix = SQLITE if value.startswith(SQLITE) else ""
+        path = value[len(prefix):]
+        if (not prefix and "://" in value) or not path or os.path.isabs(path) \
+                or not os.path.exists(os.path.join(cwd, path)):
+            continue
+        out[name] = prefix + os.path.abspath(os.path.join(cwd, path))
+        log(f"verify: parameter {name!r} ({value}) names {out[name]} in the working directory; "
+            f"both runs read it there")
+    return out
 
 
 def escaped(sinks: Mapping[str, list[str]], sandbox: Path, params: Mapping[str, Any], label: str) -> list[str]:

@@ -13,10 +13,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from ..._procs import controller_alive
 from ...client.local import LocalClient
-from ...run.procs import controller_alive
-from ...scheduler.policy import priority_class, priority_name
-from ...scheduler.pricing import UNKNOWN_GPU, Prices
+from ...placement.policy import priority_class, priority_name
+from ...placement.pricing import UNKNOWN_GPU, Prices
 from ...scheduler.views import display_states
 from ...states import RunState, TaskState
 from ...store.base import RunRecord

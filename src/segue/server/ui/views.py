@@ -18,7 +18,7 @@ from ...client.local import LocalClient
 from ...client.records import CheckpointRecord, Event, RunStatus
 from ...errors import SegueError
 from ...home import check_run_id
-from ...scheduler.policy import priority_class, priority_name
+from ...placement.policy import priority_class, priority_name
 from ..app import home_file
 from ..auth import Principal
 from . import dag

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from ..hostname import this_host
+from .hostname import this_host
 
 
 def pid_alive(pid: int | None) -> bool:
