@@ -6,14 +6,12 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointCorruptError, UnknownRunError, UsageError
 from ..home import Home
-from ..hostname import this_host
 from . import ckpt
 
 
@@ -45,9 +43,10 @@ def _run_dirs(home: Home, run_id: str) -> list[str] | None:
     return [str(d) for d in dirs if d.is_dir() and any(d.iterdir())]
 
 
-def cmd_ckpt(a: argparse.Namespace, home: Home) -> int:
+def cmd_ckpt(a: argparse.Namespace, client: Any) -> int:
+    home: Home = client.home
     if a.ckpt_cmd == "now":
-        return _now(a.run, home)
+        return _now(a.run, client)
     dirs = _run_dirs(home, a.path)
     if dirs is None:
         return ckpt.cmd_ckpt(a)
@@ -100,29 +99,7 @@ def _verify_run(home: Home, run_id: str) -> int:
     return 1 if bad else 0
 
 
-def _now(run_id: str, home: Home) -> int:
-    store = home.open_store()
-    run = store.get_run(run_id)
-    running = [t for t in store.get_tasks(run_id) if t.state.value == "RUNNING"]
-    if run.options.get("executor") == "ray":  # the workers are on Ray nodes: ask their actors
-        from ..executor.ray import signal_attempt
-
-        address, where = str(run.options.get("ray_address") or ""), "on its Ray cluster"
-        asked = [t.step for t in running
-                 if signal_attempt(address, home.root, run_id, t.step, t.epoch, signal.SIGUSR2)]
-    else:
-        here, where = this_host(), "on this host"
-        asked = [t.step for t in running if t.pid and (t.host or here) == here and _signal(t.pid)]
-    if not asked:
-        raise UsageError(f"run {run_id!r} has no running task {where} to checkpoint")
+def _now(run_id: str, client: Any) -> int:
+    asked = client.checkpoint_now(run_id)
     print(f"asked {', '.join(asked)} to checkpoint now")
     return 0
-
-
-def _signal(pid: int) -> bool:
-    """SIGUSR2 ("checkpoint now") to a local worker; False if it is gone."""
-    try:
-        os.kill(pid, signal.SIGUSR2)
-    except ProcessLookupError:
-        return False
-    return True

@@ -301,7 +301,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "queue": sched.cmd_queue, "pool": sched.cmd_pool, "output": output_cmd.cmd_output,
     "logs": logs_cmd.cmd_logs, "metrics": metrics_cmd.cmd_metrics,
     "verify": lambda a, c: verify.cmd_verify(a, c.home, pool=c.pool_path),
-    "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c.home),
+    "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c),
     "prices": lambda a, c: prices_cmd.cmd_prices(a, c.home),
     "plan": lambda a, c: plan_cmd.cmd_plan(a, c.home),
     "bench-model": lambda a, c: bench_model_cmd.cmd_bench_model(a, c.home),

@@ -80,6 +80,12 @@ class BaseClient(ABC):
     def cancel(self, run: str) -> RunSummary:
         """Cancel the run; its controller stops its attempts."""
 
+    @abstractmethod
+    def checkpoint_now(self, run: str) -> list[str]:
+        """Ask every running task of the run to checkpoint at its next pause point, without
+        pausing (`segue ckpt now RUN`); returns the steps asked. A run with no running task
+        raises :class:`~segue.UsageError`."""
+
     # -- reading --------------------------------------------------------------------
 
     @abstractmethod

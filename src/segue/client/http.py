@@ -109,6 +109,9 @@ class HttpClient(BaseClient):
     def cancel(self, run: str) -> RunSummary:
         return RunSummary.from_json(self._call("POST", self._run(run) + "/cancel"))
 
+    def checkpoint_now(self, run: str) -> list[str]:
+        return [str(s) for s in self._call("POST", self._run(run) + "/checkpoint")["asked"]]
+
     # -- reading ----------------------------------------------------------------------
 
     def status(self, run: str) -> RunStatus:

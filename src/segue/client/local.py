@@ -249,6 +249,9 @@ class LocalClient(BaseClient):
     def cancel(self, run: str) -> RunSummary:
         return self._summary(ops.cancel(self._reading(), run, actor=self.actor))
 
+    def checkpoint_now(self, run: str) -> list[str]:
+        return ops.checkpoint_now(self.home, self._reading(), run, actor=self.actor)
+
     # -- reading ----------------------------------------------------------------------
 
     def status(self, run: str, *, prices: Mapping[str, float] | None = None) -> RunStatus:

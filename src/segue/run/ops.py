@@ -282,3 +282,35 @@ def cancel(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
 def require_home(home: Home) -> None:
     if not home.exists():
         raise UsageError(f"no segue home at {home.root}; start a run first or pass --home / SEGUE_HOME")
+
+
+def checkpoint_now(home: Home, store: Store, run_id: str, *, actor: str = Actor.CLI) -> list[str]:
+    """Ask every running task of the run to checkpoint at its next pause point (SIGUSR2 to a
+    local worker, through its actor on Ray); the steps asked. UsageError if none runs."""
+    import signal
+
+    run = store.get_run(run_id)
+    running = [t for t in store.get_tasks(run_id) if t.state == TaskState.RUNNING]
+    if run.options.get("executor") == "ray":  # the workers are on Ray nodes: ask their actors
+        from ..executor.ray import signal_attempt
+
+        address, where = str(run.options.get("ray_address") or ""), "on its Ray cluster"
+        asked = [t.step for t in running
+                 if signal_attempt(address, home.root, run_id, t.step, t.epoch, signal.SIGUSR2)]
+    else:
+        here, where = this_host(), "on this host"
+        asked = [t.step for t in running if t.pid and (t.host or here) == here and _signal(t.pid, signal.SIGUSR2)]
+    if not asked:
+        raise UsageError(f"run {run_id!r} has no running task {where} to checkpoint")
+    store.append_event(run_id, "command", actor=actor, reason=f"checkpoint now: asked {', '.join(asked)}",
+                       data={"command": "checkpoint_now", "steps": asked})
+    return asked
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """``sig`` to a local worker; False if it is gone."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return False
+    return True

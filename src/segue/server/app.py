@@ -6,6 +6,7 @@
     POST /api/runs/{run}/pause              Client.pause      (operator, may pause the class)
     POST /api/runs/{run}/resume             Client.resume     (operator, may resume the class)
     POST /api/runs/{run}/cancel             Client.cancel     (operator, may pause the class)
+    POST /api/runs/{run}/checkpoint         Client.checkpoint_now (operator, may pause the class)
     GET  /api/runs/{run}/events             Client.events     (viewer; ?follow=true: SSE)
     GET  /api/runs/{run}/progress           SSE: the status at each change, until the run rests
     GET  /api/runs/{run}/checkpoints        Client.checkpoints
@@ -264,6 +265,11 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     def cancel(run_id: str, p: Principal = operator) -> JSONResponse:
         check_may(p, "pause", run_id)
         return JSONResponse(client_for(p).cancel(run_id).to_json())
+
+    @app.post("/api/runs/{run_id}/checkpoint")
+    def checkpoint_now(run_id: str, p: Principal = operator) -> JSONResponse:
+        check_may(p, "pause", run_id)
+        return JSONResponse({"asked": client_for(p).checkpoint_now(run_id)})
 
     @app.get("/api/runs/{run_id}/events", response_model=None)
     def events(request: Request, run_id: str, p: Principal = streamer,
