@@ -118,7 +118,7 @@ def test_pool_changes_name_who_made_them(client: BaseClient, tmp_path: Path) -> 
     assert client.pool_changes() == []
     cli = Segue(tmp_path / "home")  # the CLI on the client's home and pool ($SEGUE_POOL)
     for gpus in (2, 3):
-        proc = cli("pool", "set", "--gpus", str(gpus), "--gpu-mem", "24GB")
+        proc = cli("pool", "set", "--gpus", str(gpus), "--gpu-mem", "24GiB")
         assert proc.returncode == 0, proc.stderr
     latest, first = client.pool_changes()  # newest first
     assert (latest.actor, first.actor) == ("cli", "cli")
@@ -132,8 +132,8 @@ def test_pool_changes_name_who_made_them(client: BaseClient, tmp_path: Path) -> 
 
 
 def test_configure_pool_with_types_and_groups(client: BaseClient) -> None:
-    view = client.configure_pool(gpus=1, gpu_memory="96GB", cpus=4, gpu_type="rtx-pro-6000",
-                                 groups=[(2, "24GB", "l4")])
+    view = client.configure_pool(gpus=1, gpu_memory="96GiB", cpus=4, gpu_type="rtx-pro-6000",
+                                 groups=[(2, "24GiB", "l4")])
     assert [d.memory for d in view.devices] == [96 * 2**30, 24 * 2**30, 24 * 2**30]
     assert [d.index for d in view.devices] == [0, 1, 2]
     assert len({d.name for d in view.devices}) == 2  # the two types are told apart

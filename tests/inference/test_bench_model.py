@@ -21,9 +21,11 @@ import pytest
 from segue.errors import UsageError
 from segue.inference.bench import SLACK, parse_batch_sizes, read_inputs, recommend, sample_texts
 from segue.inference.profiles import check_profile, profile_path
+from segue.inference.stability import MAX_ROUNDS, MAX_SPREAD, again, settle, spread
 
 FLOWS = Path(__file__).parent / "flows"
 TORCH_FLOW = FLOWS / "embed_torch.py"
+NOISY_FLOW = FLOWS / "bench_noisy.py"
 AUTO_FLOW = FLOWS / "embed_auto.py"
 PNG = b"\x89PNG\r\n\x1a\n"
 GIB = 2**30
@@ -61,6 +63,35 @@ def test_recommend_counts_the_cuda_context_and_allocator_cache_on_gpu() -> None:
     assert recommend(gpu, 10 * GIB) == 8
 
 
+# -- stability, a pure function of the measured latencies (issue 40) -------------------------
+def test_spread_is_p95_over_the_lower_median() -> None:
+    assert spread([0.01, 0.01, 0.01]) == 1.0
+    assert spread([0.01, 0.09]) == pytest.approx(9.0)  # two batches: the mean would say 1.8
+    assert spread([1.0] * 19 + [5.0]) == 1.0  # one slow batch in 20 is the 5% the p95 leaves out
+    assert spread([1.0] * 18 + [5.0] * 2) == 5.0
+    assert spread([]) == spread([0.0, 0.0]) == float("inf")
+    assert MAX_SPREAD == 2.0 and MAX_ROUNDS == 4
+
+
+def test_a_noisy_round_is_measured_again_a_bounded_number_of_times() -> None:
+    steady, noisy = [0.010, 0.011, 0.012], [0.010, 0.011, 0.090]  # p95 9x p50, as in issue 40
+    assert again([]) and again([noisy]) and again([noisy, noisy, noisy])
+    assert not again([steady]) and not again([noisy, steady])
+    assert not again([noisy] * MAX_ROUNDS)  # the bound: it stops, unstable
+    v = settle([noisy, steady, noisy])
+    assert (v.round, v.stable, v.rounds) == (1, True, 3) and v.spread == pytest.approx(12 / 11)
+
+
+def test_an_unstable_batch_size_keeps_its_least_noisy_round() -> None:
+    worse, bad = [0.01, 0.01, 0.10], [0.01, 0.01, 0.05]
+    v = settle([worse, bad, worse, worse])
+    assert (v.round, v.stable, v.rounds) == (1, False, 4) and v.spread == pytest.approx(5.0)
+    assert settle([[0.01, 0.019]], max_spread=2.0).stable  # under the bound is stable
+    assert not settle([[0.01, 0.021]], max_spread=2.0).stable
+    with pytest.raises(ValueError, match=r"^settle needs at least one round of latencies$"):
+        settle([])
+
+
 @pytest.mark.parametrize("text, message", [
     ("0,8", r"^--batch-sizes '0,8': 0 is below 1; batch sizes are >= 1$"),
     ("a,8", r"^--batch-sizes 'a,8' must be comma-separated integers >= 1, e\.g\. 1,8,32,128$"),
@@ -88,10 +119,15 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     pytest.importorskip("torch")
     where = tmp_path_factory.mktemp("bench-tiny")
     home, png = where / "home", where / "tiny.png"
+    # sub-millisecond batches on a shared machine may stay noisy: this fixture is about the
+    # figures and the profile, so it saves either way (NOISY_FLOW tests the refusal)
     proc = segue(home, "bench-model", str(TORCH_FLOW), "infer", "--device", "cpu",
-                 "--batch-sizes", "1,4,16", "--items", "48", "--json", "--plot", str(png))
+                 "--batch-sizes", "1,4,16", "--items", "48", "--json", "--plot", str(png),
+                 "--save-unstable")
     assert proc.returncode == 0, proc.stderr
-    return {"home": home, "png": png, "doc": json.loads(proc.stdout)}
+    doc = json.loads(proc.stdout)
+    assert ("stayed noisy" in proc.stderr) is (not doc["stable"]), proc.stderr
+    return {"home": home, "png": png, "doc": doc}
 
 
 def test_bench_tiny_model_reports_every_figure(tiny: dict[str, Any]) -> None:
@@ -158,6 +194,40 @@ def test_auto_batch_size_without_a_profile_fails_naming_bench_model(tmp_path: Pa
     assert re.search(r"UsageError: handler 'tinynet' asks for batch_size='auto' but there is no "
                      r"profile for device type 'cpu' at \S+cpu\.json; run `segue bench-model` for "
                      r"it on this device, or give a batch_size\)$", proc.stdout, re.M), proc.stdout
+
+
+# -- noisy measurements: scripted latencies on the handler's own clock (issue 40) ----------
+def test_an_unstable_measurement_is_not_saved_and_says_so(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = segue(home, "bench-model", str(NOISY_FLOW), "loud", "--batch-sizes", "4", "--items", "12")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("segue: warning: ")]
+    assert warning == [
+        "segue: warning: batch size 4 (p95/p50 9.0 after 4 rounds) stayed noisy, over the 2x "
+        "bound: another process may be using the device; the profile is not saved: measure "
+        "again on an idle machine, or give --save-unstable to save it anyway"], proc.stderr
+    assert "profile: not saved (unstable; --save-unstable saves it)" in proc.stdout
+    assert not profile_path(home, "noisy", "1", "cpu").exists()
+    # asked for: saved, and says it is unstable
+    proc = segue(home, "bench-model", str(NOISY_FLOW), "loud", "--batch-sizes", "4", "--items",
+                 "12", "--save-unstable", "--json")
+    assert proc.returncode == 0 and "saved anyway (--save-unstable)" in proc.stderr, proc.stderr
+    saved = json.loads(profile_path(home, "noisy", "1", "cpu").read_text())
+    assert saved["stable"] is False and saved["max_spread"] == MAX_SPREAD
+    (b,) = saved["batches"]
+    assert (b["rounds"], b["stable"], b["spread"]) == (MAX_ROUNDS, False, 9.0)
+    assert (b["p50_batch_s"], b["p95_batch_s"]) == (0.01, 0.09)
+
+
+def test_a_noisy_round_measured_again_settles_and_is_saved(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc = segue(home, "bench-model", str(NOISY_FLOW), "calm", "--batch-sizes", "4", "--items",
+                 "12", "--json")
+    assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+    saved = json.loads(profile_path(home, "settles", "1", "cpu").read_text())
+    (b,) = saved["batches"]
+    assert saved["stable"] is True and (b["rounds"], b["stable"], b["spread"]) == (2, True, 1.0)
+    assert b["items_per_s"] == pytest.approx(400.0)  # the settled round's, not the noisy one's
 
 
 # -- MiniLM, the built-in preset ---------------------------------------------------------

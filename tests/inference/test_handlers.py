@@ -289,7 +289,7 @@ def test_the_model_is_in_the_fingerprint_and_its_hints_are_the_step_defaults() -
 
     def declare(version: str, **step: Any) -> Any:
         flow = Flow("f")
-        h = Doubler(version=version, gpus=1, gpu_memory="2GB")
+        h = Doubler(version=version, gpus=1, gpu_memory="2GiB")
 
         @flow.map(source=JsonlSource("/tmp/none.jsonl"), sink=JsonlSink("/tmp/o"), model=h, **step)
         def infer(batch: Any, model: Any, params: Any) -> Any:

@@ -438,7 +438,7 @@ def segue(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_prints_json(tmp_path: Path) -> None:
     proc = segue(tmp_path, "--model", "llama-3.1-8b", "--dtype", "bf16", "--gpu", "l4",
-                 "--context", "8192", "--batch", "8", "--json")
+                 "--context", "8192", "--batch", "8", "--json", "--allow-no-fit")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["method"] == "formula" and doc["kv_bytes_per_token"] == 131072
@@ -458,6 +458,71 @@ def test_cli_reads_a_config_and_a_profile(tmp_path: Path) -> None:
     proc = segue(tmp_path, "--profile", str(prof), "--batch", "32")
     assert proc.returncode == 0, proc.stderr
     assert "method: profile" in proc.stdout and "largest batch: " in proc.stdout
+
+
+def test_cli_gpu_mem_in_gb_is_10_to_the_9_in_and_out(tmp_path: Path) -> None:
+    proc = segue(tmp_path, "-m", "llama-3.1-8b", "--gpu-mem", "80GB")
+    assert proc.returncode == 0, proc.stderr
+    assert re.search(r"^  capacity +80\.00 GB  \(74\.51 GiB\)$", proc.stdout, re.M), proc.stdout
+    proc = segue(tmp_path, "-m", "llama-3.1-8b", "--gpu", "h100", "--gpu-mem", "80GiB", "--json")
+    doc = json.loads(proc.stdout)
+    assert doc["capacity_bytes"] == 80 * 2**30 and doc["gpu"] == "h100"
+
+
+def cpu_profile(threads: int) -> dict[str, Any]:
+    """What bench-model saves on a CPU of ``threads`` cores (tests/inference/test_bench_model.py)."""
+    return {**profile([(1, 301_000_000), (16, 316_000_000)]), "device": "cpu", "device_type": "cpu",
+            "device_name": "Some CPU", "capacity_bytes": 8_000_000_000, "threads": threads,
+            "recommended_batch_size": 16}
+
+
+def test_cli_prices_a_cpu_profile_at_the_cores_it_was_measured_on(tmp_path: Path) -> None:
+    prof = tmp_path / "cpu.json"
+    prof.write_text(json.dumps(cpu_profile(threads=2)))
+    proc = segue(tmp_path, "--profile", str(prof), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    core_hour = next(e.usd for e in PRICE_CATALOG if e.key == "cpu")
+    assert (doc["gpu"], doc["cores"]) == ("cpu", 2)
+    assert doc["price_per_hour"] == pytest.approx(2 * core_hour)  # not one core's price
+    assert doc["cost_per_1k_items"] == pytest.approx(2 * core_hour / 3600 / 1600 * 1000)
+    proc = segue(tmp_path, "--profile", str(prof))
+    assert proc.returncode == 0 and " on 2 CPU cores; method: profile" in proc.stdout
+
+
+@pytest.mark.parametrize("gpu", [["--gpu", "l4"], ["--gpu-mem", "24GB"]])
+def test_cli_refuses_to_price_a_cpu_profile_as_a_gpu(tmp_path: Path, gpu: list[str]) -> None:
+    prof = tmp_path / "cpu.json"
+    prof.write_text(json.dumps(cpu_profile(threads=2)))
+    proc = segue(tmp_path, "--profile", str(prof), *gpu, "--json")
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    flag = " ".join(gpu)
+    assert re.match(rf"^segue: profile \S+cpu\.json was measured on the CPU: its items/s and peaks "
+                    rf"\(process RSS\) cannot be priced as {flag}; measure on that GPU with "
+                    rf"`segue bench-model --device cuda`, or drop {gpu[0]} to price it on the 2 CPU "
+                    rf"cores it ran on$", proc.stderr), proc.stderr
+
+
+def test_cli_says_first_that_a_model_does_not_fit_and_exits_1(tmp_path: Path) -> None:
+    args = ("-m", "llama-3.1-8b", "--gpu", "l4", "--batch", "8")
+    proc = segue(tmp_path, *args)
+    assert proc.returncode == 1, proc.stderr
+    first = proc.stdout.splitlines()[0]
+    assert re.match(r"^does not fit: llama-3\.1-8b needs 28\.30 GB per device at batch 8 x context "
+                    r"8192 on 1 x NVIDIA L4 \(24 GB GDDR6\), which has 24\.15 GB \(4\.15 GB over\); "
+                    r"largest batch at this context: 4, longest context at this batch: \d+$", first)
+    assert "tokens/s" not in proc.stdout and "cost" not in proc.stdout.replace("no roofline or cost", "")
+    proc = segue(tmp_path, *args, "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["throughput"] is None
+    assert proc.stderr.startswith("segue: does not fit: llama-3.1-8b needs ")
+    proc = segue(tmp_path, *args, "--allow-no-fit")
+    assert proc.returncode == 0 and proc.stdout.startswith("does not fit: ")
+    assert "decode roofline (memory-bound) (if it fit; it does not): " in proc.stdout
+    prof = tmp_path / "cpu.json"
+    prof.write_text(json.dumps(cpu_profile(threads=2)))
+    proc = segue(tmp_path, "--profile", str(prof), "--batch", "100000")
+    assert proc.returncode == 1 and proc.stdout.startswith(f"does not fit: profile {prof} predicts ")
+    assert segue(tmp_path, "--profile", str(prof), "--batch", "6900").returncode == 0  # the edge
 
 
 @pytest.mark.parametrize(("args", "pattern"), [

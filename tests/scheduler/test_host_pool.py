@@ -92,7 +92,7 @@ def test_runs_that_can_never_fit_are_refused_at_submit(segue: Segue) -> None:
     assert proc.stderr.strip().startswith(
         "segue: step 'work' needs 2 gpus but host ") and "has 1 gpu; it can never run here" in proc.stderr
     assert not segue.home.exists()  # nothing written
-    proc = segue("run", GPUJOB, "--gpu-mem", "100GB", "--run-id", "big")
+    proc = segue("run", GPUJOB, "--gpu-mem", "100GiB", "--run-id", "big")
     assert proc.returncode == 2 and "needs 100 GiB on 1 gpu but host " in proc.stderr
     segue("pool", "set", "--gpus", "0", check=True)  # a host without GPUs
     proc = segue("run", GPUJOB, "--detach", "--run-id", "one")

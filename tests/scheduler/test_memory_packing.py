@@ -127,7 +127,7 @@ def test_accelerator_hints_match_device_types() -> None:
 def test_a_step_declares_gpu_memory_and_accelerator() -> None:
     flow = Flow("f")
 
-    @flow.step(gpus=1, gpu_memory="40GB", accelerator="rtx-pro-6000")
+    @flow.step(gpus=1, gpu_memory="40GiB", accelerator="rtx-pro-6000")
     def infer(ctx): ...
 
     @flow.step(gpus=1)
@@ -326,12 +326,12 @@ def _hold_one(path: str, barrier, run: str, out) -> None:  # runs in a child pro
 
 # -- real runs ---------------------------------------------------------------------
 def _setup_96(segue: Segue) -> None:
-    proc = segue("pool", "set", "--gpus", "1", "--gpu-mem", "96GB", "--cpus", "8")
+    proc = segue("pool", "set", "--gpus", "1", "--gpu-mem", "96GiB", "--cpus", "8")
     assert proc.returncode == 0, proc.stderr
 
 
 def _gated(segue: Segue, run: str, priority: str, gate: Path) -> None:
-    segue("run", GATED, "--detach", "--run-id", run, "--priority", priority, "--gpu-mem", "40GB",
+    segue("run", GATED, "--detach", "--run-id", run, "--priority", priority, "--gpu-mem", "40GiB",
           "-p", f"gate={gate}", check=True)
 
 
@@ -433,7 +433,7 @@ from segue import Flow
 flow = Flow("typed")
 
 
-@flow.step(gpus=1, gpu_memory="40GB", accelerator="rtx-pro-6000")
+@flow.step(gpus=1, gpu_memory="40GiB", accelerator="rtx-pro-6000")
 def big(ctx):
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
@@ -445,8 +445,8 @@ def small(ctx):
 
 
 def test_accelerator_hints_pick_the_pool_type_or_are_refused(segue: Segue, tmp_path: Path) -> None:
-    proc = segue("pool", "set", "--gpus", "2", "--gpu-mem", "24GB", "--gpu-type", "l4",
-                 "--group", "1x96GB:rtx-pro-6000", "--cpus", "8")
+    proc = segue("pool", "set", "--gpus", "2", "--gpu-mem", "24GiB", "--gpu-type", "l4",
+                 "--group", "1x96GiB:rtx-pro-6000", "--cpus", "8")
     assert proc.returncode == 0, proc.stderr
     doc = segue.json("pool")
     assert [(d["name"], d["memory"] // GB) for d in doc["devices"]] == [

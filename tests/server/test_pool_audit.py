@@ -37,7 +37,7 @@ def test_pool_changes_name_their_principal(tmp_path: Path, _test_pool: Path, seg
         assert _changes(srv, viewer) == []  # nothing configured yet
 
         with srv.client(alice) as c:
-            r = c.put("/api/pool", json={"gpus": 3, "gpu_memory": "40GB", "cpus": 6}, headers={"Origin": srv.url})
+            r = c.put("/api/pool", json={"gpus": 3, "gpu_memory": "40GiB", "cpus": 6}, headers={"Origin": srv.url})
         assert r.status_code == 200, r.text
         assert len(r.json()["devices"]) == 3
         [first] = _changes(srv, viewer)
@@ -58,7 +58,7 @@ def test_pool_changes_name_their_principal(tmp_path: Path, _test_pool: Path, seg
         assert len(SQLiteHostPool(_test_pool).get_host(first["host"]).devices) == 3  # type: ignore[union-attr]
 
         # The command line names itself as it does in run events.
-        proc = segue("pool", "set", "--gpus", "1", "--cpus", "6", "--gpu-mem", "40GB")
+        proc = segue("pool", "set", "--gpus", "1", "--cpus", "6", "--gpu-mem", "40GiB")
         assert proc.returncode == 0, proc.stderr
         latest, older = _changes(srv, viewer)
         assert older == first and latest["actor"] == "cli" and latest["id"] > first["id"]
@@ -73,7 +73,7 @@ def test_pool_changes_name_their_principal(tmp_path: Path, _test_pool: Path, seg
             source = c.get("/api/pool").json()["source"]
         assert detected["actor"] == "cli" and detected["change"]["before"] == latest["change"]["after"]
         assert detected["change"]["after"]["source"] == source != "configured"
-        proc = segue("pool", "set", "--gpus", "1", "--cpus", "6", "--gpu-mem", "40GB")
+        proc = segue("pool", "set", "--gpus", "1", "--cpus", "6", "--gpu-mem", "40GiB")
         assert proc.returncode == 0, proc.stderr
         latest = _changes(srv, viewer, limit=1)[0]
         with srv.client(viewer) as c:

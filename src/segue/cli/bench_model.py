@@ -13,7 +13,7 @@ import math
 import sys
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import EXIT_FAILED, EXIT_OK, UsageError
 from ..home import Home
 from .render import human_bytes, print_json
 
@@ -43,6 +43,10 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--plot", default=None, metavar="PATH.png",
                    help="draw items/s and peak memory against batch size")
     p.add_argument("--no-save", action="store_true", help="do not write the profile to the home")
+    p.add_argument("--save-unstable", action="store_true",
+                   help="save the profile even when a batch size's latencies stayed noisy (p95 over "
+                        "2x p50 after the repeats); without it such a profile is not saved and the "
+                        "command exits 1")
 
 
 def _handler(a: argparse.Namespace) -> Any:
@@ -101,7 +105,15 @@ def cmd_bench_model(a: argparse.Namespace, home: Home) -> int:
                         file=sys.stderr, flush=True))
     profile = bench.measure(handler, batch_sizes=sizes, items=a.items, inputs=inputs,
                             price_per_hour=a.price, home_root=home.root, on_batch=say)
-    path = None if a.no_save else save_profile(home.root, profile)
+    unstable = _unstable(profile)
+    if unstable:  # never saved silently: batch_size="auto" would run at a noisy recommendation
+        then = ("measure again on an idle machine before saving it" if a.no_save else
+                "saved anyway (--save-unstable)" if a.save_unstable else
+                "the profile is not saved: measure again on an idle machine, or give "
+                "--save-unstable to save it anyway")
+        print(f"segue: warning: {unstable}; {then}", file=sys.stderr, flush=True)
+    refused = bool(unstable) and not a.save_unstable and not a.no_save
+    path = None if a.no_save or refused else save_profile(home.root, profile)
     prediction = None
     if a.plot is not None:
         prediction = bench.planner_curve(handler, profile)
@@ -110,28 +122,48 @@ def cmd_bench_model(a: argparse.Namespace, home: Home) -> int:
         print_json({**profile, "profile_path": None if path is None else str(path),
                     "plot": a.plot, "prediction": prediction})
     else:
-        _print(profile, path, a.plot)
-    return 0
+        _print(profile, path, a.plot, refused)
+    return EXIT_FAILED if refused else EXIT_OK
 
 
-def _print(p: dict[str, Any], path: Any, plot: str | None) -> None:
+def _spread(b: dict[str, Any]) -> str:
+    """A batch size's p95/p50, with ``!`` when it stayed over the bound (older profiles: -)."""
+    if "spread" not in b:
+        return "-"
+    return f"{b['spread']:.1f}" + ("" if b.get("stable", True) else "!")
+
+
+def _unstable(profile: dict[str, Any]) -> str:
+    """What stayed noisy, in one clause; empty when every batch size settled."""
+    noisy = [b for b in profile["batches"] if not b.get("stable", True)]
+    if not noisy:
+        return ""
+    each = ", ".join(f"{b['batch_size']} (p95/p50 {b['spread']:.1f} after {b['rounds']} rounds)"
+                     for b in noisy)
+    return (f"batch size{'s' if len(noisy) > 1 else ''} {each} stayed noisy, over the "
+            f"{profile['max_spread']:g}x bound: another process may be using the device")
+
+
+def _print(p: dict[str, Any], path: Any, plot: str | None, refused: bool = False) -> None:
     print(f"{p['handler']}@{p['version']} on {p['device']} ({p['device_name']}, {p['threads']} "
           f"threads): loaded in {p['load_s']:.2f}s, {human_bytes(p['memory_after_load_bytes'])} "
           f"after load")
     print(f"capacity {human_bytes(p['capacity_bytes'])} ({p['capacity_source']}); price "
           f"${p['price_per_hour']:.4g}/h ({p['price_source']}); peak: {p['peak_method']}")
-    print(f"{'batch':>6} {'peak':>10} {'first':>9} {'p50':>9} {'p95':>9} {'items/s':>10} "
-          f"{'$/1k items':>11}  fits")
+    print(f"{'batch':>6} {'peak':>10} {'first':>9} {'p50':>9} {'p95':>9} {'p95/p50':>8} "
+          f"{'items/s':>10} {'$/1k items':>11}  fits")
     for b in p["batches"]:
         cost = "-" if b["cost_per_1k_items"] is None else f"{b['cost_per_1k_items']:.3g}"
         print(f"{b['batch_size']:>6} {human_bytes(b['peak_bytes']):>10} {b['first_batch_s']:>8.4f}s "
-              f"{b['p50_batch_s']:>8.4f}s {b['p95_batch_s']:>8.4f}s {b['items_per_s']:>10.1f} "
+              f"{b['p50_batch_s']:>8.4f}s {b['p95_batch_s']:>8.4f}s "
+              f"{_spread(b):>8} {b['items_per_s']:>10.1f} "
               f"{cost:>11}  {'yes' if b['fits'] else 'no'}")
     rec = p["recommended_batch_size"]
     if rec is None:
         print("recommended batch size: none (no measured batch size fits under 90% of capacity)")
     else:
         print(f"recommended batch size: {rec} ({p['recommendation']})")
-    print(f"profile: {path}" if path is not None else "profile: not saved (--no-save)")
+    print(f"profile: {path}" if path is not None else
+          f"profile: not saved ({'unstable; --save-unstable saves it' if refused else '--no-save'})")
     if plot:
         print(f"plot: {plot}")

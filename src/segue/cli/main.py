@@ -31,12 +31,12 @@ from ..client.local import LocalClient
 from ..errors import SegueError, UsageError, WaitTimeoutError, exit_code
 from ..executor.ray_lean import own_process
 from ..flow import parse_duration, parse_overrides
-from ..flow.model import parse_memory
 from ..placement.policy import parse_priority
 from ..placement.pricing import parse_price
 from ..run.controller import Interrupts
 from ..run.options import RunOptions
 from ..states import Actor, RunState
+from ..units import parse_bytes
 from . import agent as agent_cmd
 from . import bench_model as bench_model_cmd
 from . import ckpt_run, sched, verify
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="urgent, high, normal (default) or batch, or an integer")
     r.add_argument("--gpus", type=int, default=None, metavar="N",
                    help="GPUs for the steps that use GPUs (all steps if none declares any)")
-    r.add_argument("--gpu-mem", default=None, metavar="SIZE", help="at least this much memory per GPU, e.g. 40GB")
+    r.add_argument("--gpu-mem", default=None, metavar="SIZE", help="at least this much memory per GPU, e.g. 40GB (10^9 bytes) or 40GiB (2^30)")
     r.add_argument("--preemptible", action=argparse.BooleanOptionalAction, default=None,
                    help="may be paused for higher-priority work (default: batch and normal yes)")
     r.add_argument("--max-pause", default=None, metavar="DURATION",
@@ -190,7 +190,7 @@ def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
         on_input_change=a.on_input_change, pause_deadline_s=a.pause_deadline,
         pause_on_failure=True if a.pause_on_failure else None,
         priority=None if a.priority is None else parse_priority(a.priority), gpus=a.gpus,
-        gpu_memory=None if a.gpu_mem is None else parse_memory(a.gpu_mem, "--gpu-mem"),
+        gpu_memory=None if a.gpu_mem is None else parse_bytes(a.gpu_mem, "--gpu-mem", error=UsageError),
         preemptible=a.preemptible,
         max_pause=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
         checkpoints=a.checkpoints, executor=a.executor, ray_address=a.ray_address,

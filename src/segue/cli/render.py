@@ -9,6 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ..store.base import Event, RunRecord, Store, TaskRecord
+from ..units import format_bytes
 
 if TYPE_CHECKING:  # rich is imported only to draw on a terminal: a command's start-up stays short
     from rich.console import Console
@@ -23,12 +24,8 @@ def fmt_time(t: float | None) -> str:
 
 
 def human_bytes(n: float) -> str:
-    """1234567 -> '1.2 MB' (decimal units, as disks and transfer rates count)."""
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"  # unreachable; keeps type checkers content
+    """1234567 -> '1.2 MB' (decimal units, as disks and transfer rates count: segue.units)."""
+    return format_bytes(n)
 
 
 def _count(v: float) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 from ..client.local import LocalClient
 from ..errors import UsageError
-from ..flow.model import parse_memory
 from ..placement.policy import priority_name
+from ..units import in_unit, parse_bytes
 from .render import fmt_time, print_json
 
 
@@ -26,13 +26,14 @@ def add_parsers(sub: Any) -> None:
     psub = p.add_subparsers(dest="pool_cmd")
     s = psub.add_parser("set", help="configure this host's pool (virtual GPUs for machines without them)")
     s.add_argument("--gpus", type=int, default=None, help="number of (virtual) GPUs")
-    s.add_argument("--gpu-mem", default="80GB", help="memory of each GPU (default 80GB)")
+    s.add_argument("--gpu-mem", default="80GB",
+                   help="memory of each GPU: 80GB is 10^9 bytes each, 80GiB 2^30 (default 80GB)")
     s.add_argument("--gpu-type", default=None,
                    help="their device type, e.g. rtx-pro-6000 or h100 (for steps with accelerator=)")
     s.add_argument("--group", action="append", default=[], metavar="COUNTxMEM[:TYPE]",
                    help="more GPUs of another kind, e.g. 2x24GB:l4 (repeatable)")
     s.add_argument("--cpus", type=float, default=None)
-    s.add_argument("--memory", default=None, help="host memory, e.g. 64GB")
+    s.add_argument("--memory", default=None, help="host memory, e.g. 64GB (10^9 bytes) or 64GiB (2^30)")
     d = psub.add_parser("detect", help="re-detect this host's GPUs (NVML or nvidia-smi)")
     d.add_argument("--replace", action="store_true",
                    help="replace configured virtual GPUs with what is detected")
@@ -62,10 +63,11 @@ def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
         if a.gpus is not None and a.gpus < 0:
             raise UsageError("--gpus must be >= 0")
         view = client.configure_pool(gpus=a.gpus or 0,
-                                     gpu_memory=parse_memory(a.gpu_mem, "--gpu-mem") or 0,
+                                     gpu_memory=parse_bytes(a.gpu_mem, "--gpu-mem", error=UsageError),
                                      cpus=a.cpus, gpu_type=a.gpu_type,
                                      groups=[parse_group(g) for g in a.group],
-                                     memory=None if a.memory is None else parse_memory(a.memory, "--memory"))
+                                     memory=None if a.memory is None else parse_bytes(a.memory, "--memory",
+                                                                                      error=UsageError))
     elif a.pool_cmd == "detect":
         view = client.detect_pool(replace=a.replace)
     elif a.all_hosts:
@@ -87,22 +89,22 @@ def cmd_pool(a: argparse.Namespace, client: LocalClient) -> int:
 def format_pool(doc: dict[str, Any]) -> list[str]:
     lines = [f"host {doc['host']} ({doc['source']}): {doc['cpus']:g} cpus "
              f"({doc['cpus_allocated']:g} allocated to this home), "
-             f"{doc['memory'] / 2**30:.1f} GiB memory, "
+             f"{in_unit(doc['memory'], 'GiB', 1)} memory, "
              f"{len(doc['devices'])} gpus" + (f"; pool {doc['pool']}" if doc.get("pool") else "")]
     for d in doc["devices"]:
         h = d["holder"]
         shared = [x for x in d.get("holders") or [] if x.get("gpu_memory")]
         if shared:
-            each = "; ".join(f"{x['run_id']}/{x['step']} {x['gpu_memory'] / 2**30:.0f} GiB "
+            each = "; ".join(f"{x['run_id']}/{x['step']} {in_unit(x['gpu_memory'], 'GiB', 0)} "
                              f"({priority_name(x['priority'])}) since {fmt_time(x['since'])}" for x in shared)
-            who = f"shared, {d['free_memory'] / 2**30:.1f} GiB free: {each}"
+            who = f"shared, {in_unit(d['free_memory'], 'GiB', 1)} free: {each}"
         elif h is not None:
             who = (f"{h['run_id']}/{h['step']} ({priority_name(h['priority'])}) since "
                    f"{fmt_time(h['since'])}, home {h['home']}")
         elif d["busy_outside_pool"]:
-            pids = ", ".join(f"{p['pid']} ({p['memory'] / 2**30:.1f} GiB)" for p in d["processes"])
+            pids = ", ".join(f"{p['pid']} ({in_unit(p['memory'], 'GiB', 1)})" for p in d["processes"])
             who = f"free in the pool but IN USE by processes outside it: pid {pids}"
         else:
             who = "free"
-        lines.append(f"  gpu {d['index']} {d['name']:<14} {d['memory'] / 2**30:6.1f} GiB  {who}")
+        lines.append(f"  gpu {d['index']} {d['name']:<14} {in_unit(d['memory'], 'GiB', 1):>10}  {who}")
     return lines

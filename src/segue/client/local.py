@@ -16,7 +16,6 @@ from typing import Any
 
 from ..errors import NotFoundError, SegueError, UsageError, WaitTimeoutError
 from ..flow import LoadedFlow, load_flow, parse_duration
-from ..flow.model import parse_memory
 from ..home import Home
 from ..hostname import this_host
 from ..placement.policy import parse_priority
@@ -28,6 +27,7 @@ from ..states import Actor, RunState
 from ..store import store_url
 from ..store.base import RunRecord, Store, TaskRecord
 from ..store.pool import HostPool, HostPoolStore
+from ..units import parse_bytes
 from .base import RESTING, BaseClient, check_changes_limit
 from .records import (
     CheckpointRecord,
@@ -141,7 +141,8 @@ class LocalClient(BaseClient):
             on_input_change=on_input_change, pause_deadline_s=pause_deadline_s,
             pause_on_failure=pause_on_failure, preemptible=preemptible, gpus=gpus,
             priority=None if priority is None else parse_priority(priority),
-            gpu_memory=parse_memory(gpu_memory, "gpu_memory"),
+            gpu_memory=None if gpu_memory is None else parse_bytes(gpu_memory, "gpu_memory",
+                                                                   error=UsageError),
             max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
             checkpoints=checkpoints, executor=executor, ray_address=ray_address,
         )
@@ -406,11 +407,11 @@ class LocalClient(BaseClient):
         for n, size, kind in ((gpus, gpu_memory, gpu_type), *groups):
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise UsageError(f"gpus must be an integer >= 0, not {n!r}")
-            mem = parse_memory(size, "gpu_memory") or 0
+            mem = parse_bytes(size, "gpu_memory", error=UsageError)
             devices += virtual_gpus(n, mem, kind, start=len(devices))
         if cpus is not None and not cpus > 0:
             raise UsageError("cpus must be > 0")
-        host_mem = host_memory() if memory is None else parse_memory(memory, "memory") or 0
+        host_mem = host_memory() if memory is None else parse_bytes(memory, "memory", error=UsageError)
         self._open_pool().configure_host(
             this_host(), cpus=cpus or float(os.cpu_count() or 1), memory=host_mem,
             devices=devices, source="configured", actor=self.actor)

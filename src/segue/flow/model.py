@@ -27,12 +27,12 @@ from typing import Any
 
 from .._canon import digest
 from ..errors import FlowError
+from ..units import parse_bytes
 from .mapfn import check_map_fn
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
-_MEM = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B?|B)?\s*$", re.IGNORECASE)
 
 
 def parse_duration(value: str | float | int, what: str) -> float:
@@ -51,25 +51,13 @@ def parse_duration(value: str | float | int, what: str) -> float:
     return seconds
 
 
-MAX_BYTES = 2**63 - 1
-
-
 def parse_memory(value: str | int | None, what: str) -> int | None:
-    """'512MB', '40GB', '2GiB' or a number of bytes -> bytes."""
-    if value is None:
-        return None
-    if isinstance(value, int) and not isinstance(value, bool):
-        size = value
-    else:
-        m = _MEM.match(str(value))
-        if not m:
-            raise FlowError(f"{what} must be a size such as '512MB' or '40GB', not {value!r}")
-        unit = (m.group(2) or "B").upper().rstrip("B").rstrip("I")
-        scale = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit]
-        size = int(float(m.group(1)) * scale)
-    if not 0 <= size <= MAX_BYTES:  # a store column holds 64 bits
-        raise FlowError(f"{what} must be a size from 0 to 8 EiB such as '512MB' or '40GB', not {value!r}")
-    return size
+    """'512MB', '40GB' (10^9 bytes), '2GiB' (2^30) or a number of bytes -> bytes; None stays None.
+
+    :func:`segue.units.parse_bytes` reads it, as the CLI and the API do, so a flow's
+    ``gpu_memory="40GB"`` asks for what ``--gpu-mem 40GB`` does.
+    """
+    return None if value is None else parse_bytes(value, what, error=FlowError)
 
 
 def _is_int(v: Any) -> bool:

@@ -44,9 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..units import UNITS, in_unit
 from .handler import ModelHandler
 from .profiles import PROFILE_VERSION, device_type_of
+from .stability import MAX_SPREAD, again, p95, settle
 
+PLOT_UNIT = "GB"  # the plot's memory axis: 10^9 bytes, as the table's human_bytes counts
 SLACK = 0.10  # capacity held back, as the planner does (docs/planner.md)
 DEFAULT_BATCH_SIZES = (1, 8, 32, 128)
 DEFAULT_ITEMS = 256
@@ -311,15 +314,24 @@ def with_device(handler: ModelHandler[Any], device: str) -> ModelHandler[Any]:
 def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES,
             items: int = DEFAULT_ITEMS, inputs: Sequence[Any] | None = None,
             price_per_hour: float | None = None, home_root: Path | None = None,
-            on_batch: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+            on_batch: Callable[[dict[str, Any]], None] | None = None,
+            clock: Callable[[], float] | None = None) -> dict[str, Any]:
     """Measure ``handler`` on its device; returns a version-1 profile (not saved).
 
     Each batch size runs ``max(ceil(items / b), 3)`` batches of consecutive
-    inputs; the first is the cold one (``first_batch_s``), the rest give the
-    steady throughput and the p50/p95 latency. ``inputs`` defaults to
-    :func:`sample_inputs`. ``price_per_hour`` defaults to the catalog's price
-    of the device type (:func:`device_price`).
+    inputs; the first is the cold one (``first_batch_s``), the rest (a *round*)
+    give the steady throughput and the p50/p95 latency. A round whose p95 is
+    more than ``MAX_SPREAD`` times its p50 is measured again, up to
+    ``MAX_ROUNDS`` rounds (:mod:`segue.inference.stability`); the profile says
+    per batch size whether it settled (``stable``) and, at the top, whether all
+    did. ``inputs`` defaults to :func:`sample_inputs`. ``price_per_hour``
+    defaults to the catalog's price of the device type (:func:`device_price`).
+    ``clock`` (seconds) defaults to the handler's own ``bench_clock`` when it has
+    one (a model whose time is not this process's, a simulated one), else
+    ``time.perf_counter``.
     """
+    if clock is None:
+        clock = getattr(handler, "bench_clock", None) or time.perf_counter
     if items < 1:
         raise UsageError(f"--items must be >= 1, not {items}")
     sizes = sorted(set(batch_sizes))
@@ -332,9 +344,9 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
     mem: CpuMemory | CudaMemory = CudaMemory(device) if device.startswith("cuda") else CpuMemory()
     before = mem.current()
     mem.reset()
-    t0 = time.perf_counter()
+    t0 = clock()
     raw = handler.load_model()
-    load_s = time.perf_counter() - t0
+    load_s = clock() - t0
     after = mem.current()
     load_peak = mem.peak()["peak_bytes"]
     try:
@@ -347,7 +359,8 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
             price_per_hour, source = device_price(home_root, device_type, cores)
         results = []
         for b in sizes:
-            r = _measure_batch(handler, raw, mem, pool, b, max(math.ceil(items / b), MIN_BATCHES))
+            r = _measure_batch(handler, raw, mem, pool, b, max(math.ceil(items / b), MIN_BATCHES),
+                               clock)
             r["cost_per_1k_items"] = _cost(price_per_hour, r["items_per_s"])
             results.append(r)
             if on_batch is not None:
@@ -367,6 +380,7 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
             "model_bytes": handler.model_bytes(raw), "peak_method": mem.method,
             "items": items, "input": "given" if inputs is not None else "generated",
             "batches": results,
+            "stable": all(r["stable"] for r in results), "max_spread": MAX_SPREAD,
             "recommended_batch_size": recommend(results, capacity),
             "recommendation": f"highest items/s (cheapest per item) among batch sizes whose peak "
                               f"is under {1 - SLACK:.0%} of capacity",
@@ -378,38 +392,43 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
 
 
 def _measure_batch(handler: ModelHandler[Any], raw: Any, mem: CpuMemory | CudaMemory,
-                   pool: Sequence[Any], b: int, n_batches: int) -> dict[str, Any]:
+                   pool: Sequence[Any], b: int, n_batches: int,
+                   clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
     batches = [[pool[(i * b + j) % len(pool)] for j in range(b)] for i in range(n_batches)]
     sync = _sync(handler.resolve_device())
     mem.reset()
-    times = []
-    for batch in batches:
-        t = time.perf_counter()
+
+    def timed(batch: Sequence[Any]) -> float:
+        t = clock()
         out = handler.run_inference(batch, raw)
         sync()
-        times.append(time.perf_counter() - t)
+        took = clock() - t
         if isinstance(mem, CudaMemory):
             mem.sample()
         if len(out) != len(batch):
             raise UsageError(f"handler {handler.name!r} returned {len(out)} outputs for a batch "
                              f"of {len(batch)}; run_inference must return one per input")
-    steady = times[1:]
+        return took
+
+    first = timed(batches[0])  # the cold batch, once
+    rounds = [[timed(batch) for batch in batches[1:]]]
+    while again(rounds):  # a noisy round is measured again, a bounded number of times
+        rounds.append([timed(batch) for batch in batches[1:]])
+    verdict = settle(rounds)
+    steady = rounds[verdict.round]
     r: dict[str, Any] = {"batch_size": b, "batches": n_batches, "items": b * n_batches,
                          **mem.peak(),
-                         "first_batch_s": round(times[0], 6),
+                         "first_batch_s": round(first, 6),
                          "items_per_s": round(b * len(steady) / sum(steady), 3),
-                         "p50_batch_s": round(statistics.median(steady), 6),
-                         "p95_batch_s": round(_p95(steady), 6)}
+                         # the lower median, as the spread's (segue.inference.stability.spread)
+                         "p50_batch_s": round(statistics.median_low(steady), 6),
+                         "p95_batch_s": round(p95(steady), 6),
+                         "spread": round(verdict.spread, 3), "rounds": verdict.rounds,
+                         "stable": verdict.stable}
     seq = _seq_len(raw, batches)
     if seq is not None:
         r["seq_len"] = seq
     return r
-
-
-def _p95(xs: Sequence[float]) -> float:
-    """The nearest-rank 95th percentile (with few batches: the slowest steady one)."""
-    s = sorted(xs)
-    return s[max(0, math.ceil(0.95 * len(s)) - 1)]
 
 
 def _cost(price_per_hour: float | None, items_per_s: float) -> float | None:
@@ -526,16 +545,18 @@ def plot(profile: Mapping[str, Any], path: str | os.PathLike[str],
         ax.set_xlabel("batch size")
         ax.set_ylabel("items/s", color="tab:blue")
         mx = ax.twinx()
-        gib = 2 ** 30
-        mx.plot(bs, [b["peak_bytes"] / gib for b in profile["batches"]], "s-", color="tab:red",
+        # GB (10^9 bytes), as the bench-model table and `segue plan` print them (segue.units)
+        gb = UNITS[PLOT_UNIT]
+        mx.plot(bs, [b["peak_bytes"] / gb for b in profile["batches"]], "s-", color="tab:red",
                 label="peak memory (measured)")
         px, py = zip(*prediction["points"], strict=True)
-        mx.plot(px, [y / gib for y in py], "x--", color="tab:orange", label=prediction["label"])
-        cap = profile["capacity_bytes"] / gib
-        mx.axhline(cap, color="black", linestyle=":", label=f"capacity {cap:.1f} GiB")
+        mx.plot(px, [y / gb for y in py], "x--", color="tab:orange", label=prediction["label"])
+        cap = profile["capacity_bytes"] / gb
+        mx.axhline(cap, color="black", linestyle=":",
+                   label=f"capacity {in_unit(profile['capacity_bytes'], PLOT_UNIT, 1)}")
         mx.axhline(cap * (1 - SLACK), color="gray", linestyle=":", label="capacity - 10%")
         mx.set_yscale("log")
-        mx.set_ylabel("peak memory (GiB, log)", color="tab:red")
+        mx.set_ylabel(f"peak memory ({PLOT_UNIT}, log)", color="tab:red")
         rec = profile.get("recommended_batch_size")
         if rec:
             ax.axvline(rec, color="green", alpha=0.3, linewidth=6, label=f"recommended {rec}")

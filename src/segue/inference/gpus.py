@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..placement.pricing import device_type
+from ..units import in_unit
 
 MIB = 1 << 20
 
@@ -71,5 +72,5 @@ def custom(capacity_bytes: int, base: Gpu | None = None) -> Gpu:
         raise UsageError(f"--gpu-mem must be more than 0 bytes, not {capacity_bytes}")
     if base is None:
         return Gpu("gpu", "a GPU of the given memory", capacity_bytes, None, None)
-    return Gpu(base.key, f"{base.label}, {capacity_bytes} bytes given", capacity_bytes,
+    return Gpu(base.key, f"{base.label}, {in_unit(capacity_bytes, 'GB')} given", capacity_bytes,
                base.bandwidth, base.flops)
