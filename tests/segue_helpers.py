@@ -79,8 +79,18 @@ class Segue:
         return ckpt.load(home.run_storage(store.get_run(run_id)), ref).state["value"]
 
     def wait_state(self, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
-        return wait_for(lambda: (d := self.status(run_id))["state"] in states and d, timeout,
-                        f"run {run_id} to reach {states}")
+        seen: list[str] = []  # the states passed through, for the message on a timeout
+
+        def reached() -> dict[str, Any] | None:
+            d = self.status(run_id)
+            if not seen or seen[-1] != d["state"]:
+                seen.append(d["state"])
+            return d if d["state"] in states else None
+
+        try:
+            return wait_for(reached, timeout, f"run {run_id} to reach {states}")
+        except AssertionError as e:
+            raise AssertionError(f"{e} (states seen: {' -> '.join(seen)})") from None
 
 
 def wait_for(pred: Callable[[], T], timeout: float = 60, what: str = "condition",

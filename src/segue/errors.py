@@ -32,6 +32,8 @@ format errors live here too.
     │   ├── CheckpointCorruptError        1  a checkpoint failed verification
     │   ├── CheckpointFormatError         1  a manifest, tree or tensor file breaks the format
     │   ├── NoValidCheckpointError        1  committed checkpoints exist but none verifies
+    │   ├── CheckpointMismatchError       1  a checkpoint's state tree does not match the
+    │   │                                    template a restore was given (not retried)
     │   └── StateTypeError                1  state holds a value checkpoints cannot store
     ├── DataError                         1  a data step cannot go on as it is
     │   ├── InputChangedError             1  the input differs from its pinned snapshot
@@ -183,6 +185,23 @@ class CheckpointFormatError(CheckpointError):
 
 class NoValidCheckpointError(CheckpointError):
     """Committed checkpoints exist, but none of them verifies."""
+
+
+class CheckpointMismatchError(CheckpointError):
+    """A checkpoint verifies, but its state tree differs from ``restore(like=template)``
+    (keys, shapes, dtypes): the code changed since it was saved. A retry reads the same
+    checkpoint, so it cannot help. ``mismatches`` lists every difference found."""
+
+    segue_retryable = False
+    SHOWN = 3
+
+    def __init__(self, checkpoint: str, mismatches: list[str], fix: str) -> None:
+        shown = mismatches[: self.SHOWN]
+        more = len(mismatches) - len(shown)
+        listed = "; ".join(shown + ([f"+{more} more"] if more else []))
+        super().__init__(f"{checkpoint} does not match the template: {listed}; {fix}")
+        self.checkpoint = checkpoint
+        self.mismatches = list(mismatches)
 
 
 class StateTypeError(CheckpointError, TypeError):

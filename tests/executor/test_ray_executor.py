@@ -271,21 +271,33 @@ def test_node_loss_of_a_data_step_and_of_its_sub_worker_keep_the_output_exactly_
     assert len(set(subs.values())) == 2, subs  # one CPU a node: two nodes
     lost = node_of(segue, "par", "upper", 1)
     lose_node(cluster, lost)
-    # 2. Once the next attempt committed: the node of a sub-worker the coordinator is not on.
-    explain(segue, "par", lambda: committed(store, "par", "upper", 2), 120, "a checkpoint of the second attempt")
-    coordinator = node_of(segue, "par", "upper", 2)
+    # 2. Once a later attempt committed: the node of a sub-worker its coordinator is not on.
+    # Ray declares a node dead only after its health checks miss (3 s here), and an attempt
+    # launched meanwhile may place a member on the lost node and lose it too (CI saw
+    # attempt 2 lose a sub-worker so): follow whichever attempt committed next.
+    later = explain(segue, "par", lambda: max((c.epoch for c in store.list_checkpoints("par", "upper")
+                                               if c.epoch >= 2), default=0), 120,
+                    "a checkpoint of an attempt after the first")
+    coordinator = node_of(segue, "par", "upper", later)
     assert coordinator != lost
-    subs = members_of(segue, "par", "upper", 2, "sub-worker", 2)
+    subs = members_of(segue, "par", "upper", later, "sub-worker", 2)
     victim = next(node for node in subs.values() if node != coordinator)
     lose_node(cluster, victim)
-    wait_for(lambda: store.get_task("par", "upper").epoch >= 3, 120, "a third attempt")
+    wait_for(lambda: store.get_task("par", "upper").epoch > later, 120, "an attempt after the second loss")
     hold.write_text("go")
     segue.wait_state("par", {"SUCCEEDED"}, 300)
     kc.check_exactly_once(kc.read_output("jsonl", out), n, clean)
     fails = failures(segue, "par")
-    assert len(fails) == 2, fails  # each loss landed once and cost its attempt
-    assert any(w in fails[0] for w in LOST), fails
-    assert "sub-worker" in fails[1] and "Ray actor" in fails[1], fails
+    first, second = fails[:later - 1], fails[later - 1:]
+
+    def node_lost(f: str) -> bool:
+        return any(w in f for w in LOST) or ("sub-worker" in f and "Ray actor" in f)
+
+    # Each loss landed: the first cost attempt 1 its coordinator, the second cost attempt
+    # `later` a sub-worker; an attempt launched before Ray saw a node dead failed only so.
+    assert first and any(w in first[0] for w in LOST), fails
+    assert second and "sub-worker" in second[0] and "Ray actor" in second[0], fails
+    assert all(node_lost(f) for f in fails), fails
 
 
 @pytest.mark.timeout(900)  # five interruptions of a two-node gang, each wait bounded on its own

@@ -128,11 +128,15 @@ def test_an_urgent_run_submitted_on_one_host_preempts_a_batch_run_on_another(
     """Host a has no GPU, host b has one, held by a batch run. An urgent run submitted on
     a pauses the batch run on b and moves there; the batch run resumes by itself after."""
     cluster.cluster_pool = True  # no SEGUE_POOL: the store's database holds the pool
+    # Nothing here waits out a lease (no process is killed): long ones, so that a CPU starved
+    # by other tests never lapses a controller's or an agent's lease (CI: a lapsed one had an
+    # agent take the batch run over while it was being preempted).
+    cluster.env["SEGUE_LEASE_TTL_S"] = "30"
     a, b = cluster.home("a"), cluster.home("b")
     for host, n in ((a, 0), (b, 1)):
         host("pool", "set", "--gpus", str(n), "--gpu-mem", "80GB", "--cpus", "8", check=True)
-    cluster.start_agent("a")
-    cluster.start_agent("b")
+    cluster.start_agent("a", ttl="20")
+    cluster.start_agent("b", ttl="20")
     gate = {r: tmp_path / f"gate-{r}" for r in ("low", "hi")}  # each holds its run half-way
     b("run", GPUJOB, "--detach", "--run-id", "low", "--priority", "batch", "-p", "n=400",
       "-p", f"gate={gate['low']}", check=True)

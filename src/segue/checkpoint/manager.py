@@ -27,7 +27,8 @@ from ..errors import CheckpointCorruptError, NoValidCheckpointError
 from .async_save import Checkpointer
 from .fsspec_storage import open_storage
 from .interval import IntervalDecision, IntervalPolicy
-from .io import SaveResult, list_dir_checkpoints, load, quarantine
+from .io import SaveResult, list_dir_checkpoints, load, quarantine, read_manifest
+from .like import check as check_like
 from .retention import RetentionPolicy, prune
 from .storage import CheckpointStorage
 
@@ -112,7 +113,9 @@ class CheckpointManager:
             fut.result()
         return fut
 
-    def restore_latest(self, *, allow_fresh_start: bool = False) -> tuple[int, Any] | None:
+    def restore_latest(
+        self, *, allow_fresh_start: bool = False, like: Any = None
+    ) -> tuple[int, Any] | None:
         """(step, state) of the newest checkpoint that verifies; None if there is none yet.
 
         Bad checkpoints are skipped newest first (and quarantined unless
@@ -120,12 +123,20 @@ class CheckpointManager:
         If checkpoints exist but none verifies, this raises NoValidCheckpointError,
         because the usual ``restore_latest() or (0, init())`` would silently start
         over; pass ``allow_fresh_start=True`` to get None in that case.
+
+        ``like``: a template state tree; the checkpoint that would be restored is
+        compared with it from its manifest (keys, array shapes and dtypes: see
+        :mod:`.like`) and a difference raises CheckpointMismatchError.
         """
         bad: list[tuple[CheckpointCorruptError, str]] = []
         found = None
         for step in reversed(self.steps()):
             path = self.path(step)
             try:
+                if like is not None:  # a mismatch is not corruption: raised, never quarantined
+                    check_like(read_manifest(self.storage, path), like, name=f"checkpoint {path}",
+                               fix="restore without like= to get the state as saved, "
+                                   "or save to a new prefix")
                 found = step, load(self.storage, path, allow_pickle=self.allow_pickle).state
                 break
             except CheckpointCorruptError as e:

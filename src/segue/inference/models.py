@@ -63,14 +63,17 @@ class Model:
 
 def estimate_params(*, layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int,
                     vocab: int, intermediate: int, experts: int = 1, encoder: bool = False,
-                    tied: bool = False, qkv_bias: bool = False, max_position: int = 512,
+                    tied: bool = False, qkv_bias: bool = False, o_bias: bool = False,
+                    mlp_bias: bool = False, max_position: int = 512,
                     type_vocab: int = 2) -> tuple[int, int, int]:
     """(params, embedding_params, expert_params) of a Llama-family decoder or a BERT encoder.
 
     Decoder (Llama, Mistral, Mixtral, Qwen2): per layer q and o are
-    ``hidden x heads*head_dim``, k and v ``hidden x kv_heads*head_dim`` (plus biases
-    for Qwen2), a gated MLP of 3 ``hidden x intermediate`` matrices per expert, a
-    router ``hidden x experts`` when ``experts > 1``, two RMSNorms; then a final
+    ``hidden x heads*head_dim``, k and v ``hidden x kv_heads*head_dim`` (``qkv_bias``:
+    biases on q, k and v, as Qwen2; ``o_bias``: on o too, as Llama's
+    ``attention_bias``), a gated MLP of 3 ``hidden x intermediate`` matrices per
+    expert (``mlp_bias``: with their biases, Llama's ``mlp_bias``), a router
+    ``hidden x experts`` when ``experts > 1``, two RMSNorms; then a final
     norm, the embeddings and an LM head unless tied. Llama-3.1-8B gives
     8,030,261,248 and Mixtral-8x7B 46,702,792,704, the published counts.
 
@@ -87,7 +90,9 @@ def estimate_params(*, layers: int, hidden: int, heads: int, kv_heads: int, head
     attn = hidden * q_out + 2 * hidden * kv_out + q_out * hidden
     if qkv_bias:
         attn += q_out + 2 * kv_out
-    expert = 3 * hidden * intermediate
+    if o_bias:
+        attn += hidden
+    expert = 3 * hidden * intermediate + (2 * intermediate + hidden if mlp_bias else 0)
     router = hidden * experts if experts > 1 else 0
     layer = attn + experts * expert + router + 2 * hidden
     emb = vocab * hidden * (1 if tied else 2)
@@ -163,7 +168,8 @@ def load_config(path: str | Path) -> Model:
     (default: the attention heads), ``head_dim`` (default ``hidden_size //
     num_attention_heads``), ``num_local_experts`` and ``num_experts_per_tok``
     (MoE), ``max_position_embeddings`` and ``tie_word_embeddings`` (default
-    false, as Llama, Mistral and Qwen2 declare). A ``model_type`` in
+    false, as Llama, Mistral and Qwen2 declare), ``attention_bias`` (Llama: biases on
+    q, k, v and o; Qwen2 always has them on q, k and v) and ``mlp_bias``. A ``model_type`` in
     :data:`ENCODER_TYPES` makes it an encoder: no KV cache. A multimodal config
     whose text model sits under ``text_config`` is read from there.
     """
@@ -202,12 +208,18 @@ def model_from_config(doc: Mapping[str, Any], *, where: str = "config.json",
     per_token = min(experts, max(1, c.int("num_experts_per_tok", default=1)))
     model_type = str(doc.get("model_type") or "").lower()
     encoder = model_type in ENCODER_TYPES
+    # Qwen2 hard-wires biases on q, k and v (not o) and has no attention_bias; Llama's
+    # attention_bias puts one on q, k, v and o (transformers' LlamaAttention).
+    if model_type in _QKV_BIAS_TYPES:
+        qkv_bias, o_bias = True, False
+    else:
+        qkv_bias = o_bias = bool(doc.get("attention_bias", False))
     max_position = c.int("max_position_embeddings", default=0) or None
     params, emb, expert = estimate_params(
         layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
         vocab=vocab, intermediate=intermediate, experts=experts, encoder=encoder,
         tied=bool(doc.get("tie_word_embeddings", False)),
-        qkv_bias=bool(doc.get("attention_bias", model_type in _QKV_BIAS_TYPES)),
+        qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=bool(doc.get("mlp_bias", False)),
         max_position=max_position or 512, type_vocab=c.int("type_vocab_size", default=2))
     return Model(name, layers, hidden, heads, kv_heads, head_dim, vocab, intermediate, params, emb,
                  experts, per_token, expert, encoder, max_position, "config.json")

@@ -21,6 +21,7 @@ from typing import Any
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._park import Park as Park
+from ..checkpoint import like as ckpt_like
 from ..checkpoint.interval import IntervalPolicy
 from ..errors import CheckpointCorruptError, UsageError
 from ..flow.model import StepSpec
@@ -234,24 +235,32 @@ class StepContext:
             add(self.run_id, dict(stats))
 
     # -- state ---------------------------------------------------------------
-    def restore(self) -> Any | None:
+    def restore(self, *, like: Any = None) -> Any | None:
         """The step's latest committed state, or None on a first start.
 
         Also restores the global RNGs captured with that checkpoint. A
         checkpoint that fails verification is quarantined (with a warning
         event) and the previous one is tried; if every committed checkpoint is
         bad the step fails rather than silently starting fresh.
+
+        ``like``: a template state tree (``{"model": model.state_dict(), ...}``).
+        The checkpoint's keys, and its arrays' shapes and dtypes, are compared with
+        it from the manifest, before any tensor is read; a difference raises
+        CheckpointMismatchError naming the first ones (not retried: see
+        checkpoint/like.py for what matches).
         """
-        payload = self.restore_payload()
+        payload = self.restore_payload(like=like)
         if payload is None:
             return None
         rng.restore(payload.get("rng", {}))
         return payload["state"]
 
-    def restore_payload(self, check: Callable[[Any], None] | None = None) -> Any | None:
+    def restore_payload(self, check: Callable[[Any], None] | None = None, *,
+                        like: Any = None) -> Any | None:
         """The newest committed checkpoint's whole payload that verifies (and passes
         ``check``, which raises CheckpointCorruptError to reject it), or None on a first
-        start; the bad ones are quarantined as :meth:`restore` says."""
+        start; the bad ones are quarantined as :meth:`restore` says. A ``like`` template
+        is checked against its state (:meth:`restore`) before its arrays are read."""
         everything = self._store.list_checkpoints(
             self.run_id, self.step, statuses=("committed", "quarantined", "pruned")
         )
@@ -267,6 +276,8 @@ class StepContext:
         bad: list[tuple[int, str, CheckpointCorruptError, str]] = []
         for rec in committed:  # newest first
             try:
+                if like is not None:  # a mismatch is not corruption: it raises, never quarantines
+                    self._check_like(str(rec.seq), ckpt.read_manifest(self._storage, rec.path), like)
                 loaded = ckpt.load(self._storage, rec.path, allow_pickle=self.spec.allow_pickle)
                 if check is not None:
                     check(loaded.state)
@@ -284,6 +295,14 @@ class StepContext:
             raise no_valid_checkpoint(self.run_id, self.step, len(history),
                                       details or "all were quarantined earlier")
         return None
+
+    def _check_like(self, which: str, manifest: ckpt.Manifest, like: Any) -> None:
+        tree = manifest.tree
+        node = tree.get("state") if isinstance(tree, dict) else tree
+        ckpt_like.check(
+            manifest, like, node=node, name=f"checkpoint {which} of step {self.step!r}",
+            fix=(f"restore without like= to get the state as saved, or start the step over "
+                 f"with `segue resume {self.run_id} --restart-step {self.step}`"))
 
     def _quarantine(self, seq: int, path: str, exc: CheckpointCorruptError) -> str:
         """Move a bad checkpoint aside and mark it quarantined; returns where it went."""

@@ -44,14 +44,17 @@ class RankContext(StepContext):
         self._assigned: tuple[int, str] | None = None  # the checkpoint a round decided
         self._progress_at = 0.0
 
-    def restore(self) -> Any | None:
+    def restore(self, *, like: Any = None) -> Any | None:
         """This rank's state in the gang's latest committed checkpoint (every shard of it
         verified by the coordinator), or None on a first start. A replicated checkpoint's
-        state is rank 0's, whatever the number of ranks that wrote it."""
+        state is rank 0's, whatever the number of ranks that wrote it. ``like``: as
+        :meth:`StepContext.restore`, checked against this rank's shard."""
         self._conn.send(("restore",))
         _, state_shard, rng_shard = self._answer("restored")
         if state_shard is None:
             return None
+        if like is not None:
+            self._check_like(state_shard, ckpt.read_manifest(self._storage, state_shard), like)
         # The coordinator has just hashed every file of every shard against the manifest
         # its rank voted: hashing them again here would read the checkpoint twice.
         loaded = ckpt.load(self._storage, state_shard, allow_pickle=self.spec.allow_pickle, verify=False)
