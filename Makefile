@@ -3,7 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo demo-numeric test install install-dev lint docs bench clean
+.PHONY: demo demo-llm demo-numeric test install install-dev lint docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -59,6 +59,15 @@ $(VENV)/.installed-dev: $(VENV)/.installed
 	  else \
 	    echo "rabbitmq-server is missing and this is not root with apt-get: install rabbitmq-server or its queue tests will be skipped"; \
 	  fi; }
+	# The Pub/Sub source's tests start gcloud's emulator (Java); it comes from Google's apt
+	# repository (google-cloud-cli-pubsub-emulator), so where that is not set up they skip.
+	@ls /usr/lib/google-cloud-sdk/platform/pubsub-emulator/bin/cloud-pubsub-emulator >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y google-cloud-cli-pubsub-emulator default-jre-headless \
+	      || echo "the Pub/Sub emulator could not be installed: its source tests will be skipped"; \
+	  else \
+	    echo "the Pub/Sub emulator is missing and this is not root with apt-get: install google-cloud-cli-pubsub-emulator or its source tests will be skipped"; \
+	  fi; }
 	touch $@
 
 install: $(VENV)/.installed
@@ -66,6 +75,12 @@ install-dev: $(VENV)/.installed-dev
 
 demo: $(VENV)/.installed-demo
 	$(BIN)/python examples/demo.py
+
+# Batch generation with a causal LM (a small random Llama made on the spot: nothing is
+# downloaded) preempted mid-generation by an urgent evaluation, resumed, token-identical.
+# It needs what the main demo needs (torch, transformers, pyarrow).
+demo-llm: $(VENV)/.installed-demo
+	$(BIN)/python examples/llm_batch.py
 
 # The first release's demo: a numeric training job paused, SIGKILLed and resumed.
 demo-numeric: install

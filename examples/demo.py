@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,10 +31,23 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
+import demokit  # noqa: E402 - beside this file
+
 HOME = Path(os.environ.get("SEGUE_HOME", ROOT / ".segue"))
 POOL = HOME / "demo-pool.db"  # the demo's own host pool: it never touches the machine's
 NIGHTLY, EVAL = ROOT / "examples" / "embed_nightly.py", ROOT / "examples" / "embed_eval.py"
 TEXTS, PAIRS = 20_000, 300
+
+
+def _pool_setup(console: Any) -> None:
+    demokit.pool_setup(console, HOME, POOL, "demo")
+
+
+def _wait(cond: Callable[[], Any], what: str, timeout: float = 600) -> Any:
+    return demokit.wait(cond, what, timeout, "demo")
+
+
+_progress, _figures = demokit.progress, demokit.figures
 
 
 def main() -> int:
@@ -98,15 +110,6 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def _pool_setup(console: Any) -> None:
-    env = {**os.environ, "SEGUE_HOME": str(HOME), "SEGUE_POOL": str(POOL)}
-    real = shutil.which("nvidia-smi") is not None
-    args = ["pool", "detect"] if real else ["pool", "set", "--gpus", "1", "--gpu-mem", "24GB"]
-    proc = subprocess.run([sys.executable, "-m", "segue", *args], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        sys.exit(f"demo: `segue {' '.join(args)}` failed: {proc.stderr.strip()}")
-    console.print("   GPU: " + ("this machine's, as NVML reports them" if real else
-                                 "1 virtual GPU of 24 GB (no GPU here: the model runs on the CPU)"))
 
 
 def _engine(console: Any) -> None:
@@ -124,40 +127,10 @@ def _engine(console: Any) -> None:
                   + f" to {minilm.ONNX_DIR}")
 
 
-def _progress(client: Any, run: str, step: str) -> float:
-    """The fraction of the input done (a file source counts bytes, not records)."""
-    p = client.status(run).step(step).progress
-    return float(p.get("done") or 0) / float(p.get("total") or 1)
 
 
-def _wait(cond: Callable[[], Any], what: str, timeout: float = 600) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.1)
-    sys.exit(f"demo: timed out waiting for {what}")
 
 
-def _figures(nightly: list[Any], urgent: list[Any], t_submit: float) -> dict[str, Any]:
-    """Pause latency, time to device and reload cost, from the runs' event histories."""
-    def first(events: list[Any], pred: Callable[[Any], bool]) -> Any:
-        return next((e for e in events if pred(e)), None)
-
-    pausing = first(nightly, lambda e: e.kind == "run" and e.to_state == "PAUSING")
-    paused = first(nightly, lambda e: e.kind == "run" and e.to_state == "PAUSED")
-    running = first(urgent, lambda e: e.kind == "task" and e.to_state == "RUNNING")
-    loads = [e for e in nightly if e.kind == "model" and "loaded" in e.reason]
-    reloads = [e for e in loads if e.data.get("reload")]
-    return {
-        "preempted": pausing is not None and paused is not None,
-        "pause_s": paused.time - pausing.time if pausing and paused else None,
-        "pause_reason": pausing.reason if pausing else "",
-        "to_device_s": running.time - t_submit if running else None,
-        "reload_s": sum(e.data["seconds"] for e in reloads),
-        "loads": len(loads),
-    }
 
 
 def _compare(got_dir: Path, ref_dir: Path) -> tuple[bool, bool, float]:

@@ -18,6 +18,24 @@ from typing import Any
 
 from segue._procs import pid_alive, wait_dead
 
+# Fast retries and a short pause deadline for campaign runs (a test's ``s.env.update(FAST)``).
+FAST = {
+    "SEGUE_LEASE_TTL_S": "30",
+    "SEGUE_BACKOFF_BASE_S": "0.01",
+    "SEGUE_BACKOFF_MAX_S": "0.05",
+    "SEGUE_PAUSE_DEADLINE_S": "20",
+}
+
+
+def check_keys_once(got: list[tuple[int, str]], n: int) -> None:
+    """Every key 0..n-1 exactly once with its value as the queue flows transform it
+    (``VALUE-%08d``): what a clean run publishes (tests/data/flows/queueflow.py)."""
+    counts = Counter(k for k, _ in got)
+    dupes = [k for k, c in counts.items() if c > 1]
+    lost = set(range(n)) - set(counts)
+    assert not dupes and not lost, f"{len(dupes)} duplicated (e.g. {dupes[:5]}), {len(lost)} lost"
+    assert sorted(got) == [(k, f"VALUE-{k:08d}") for k in range(n)]
+
 
 class Campaign:
     """Faults aimed at a live run, each gated on observed progress, counted when they land.
@@ -81,6 +99,18 @@ class Campaign:
                              f"task {self._task()}, newest {self._newest()}, log {self.log}")
 
     # -- faults ----------------------------------------------------------------
+    def land_armed_kill(self, commits: int, name: str = "kill_before_ack") -> None:
+        """Count the SIGKILL that a fault point armed for epoch 1 only gave the first attempt
+        right after its ``commits``-th commit (``SEGUE_FAULTS=POINT:kill:N``,
+        ``SEGUE_FAULTS_EPOCHS=1``): it lands once epoch 2 started and the store recorded it."""
+        self._wait(lambda: self._task().epoch >= 2, f"the first attempt to die ({name})")
+        first = [ck for ck in self.store.list_checkpoints(self.run_id, self._task().step)
+                 if ck.epoch == 1]
+        assert len(first) == commits, first  # it died right after that commit
+        self._wait(lambda: self.recorded_worker_sigkills() >= 1, "the store to record the SIGKILL")
+        self.landed[name] += 1
+        self.log.append(f"{time.monotonic() - self.t0:.1f}s {name} epoch 1")
+
     def fire(self, action: str, checkpoints: int) -> None:
         while True:
             t = self._wait(lambda: self._progressed(checkpoints), f"progress before {action}")

@@ -33,12 +33,17 @@ EXPECTED: dict[str, set[str]] = {
                 "whole_batch_rate_during_urgent", "batch_wall_partial_vs_whole", "floor_worker_startup_s",
                 "outputs_equal"},
     "cluster": {"failover_s", "failover_to_step_s", "failover_lease_ttl_s", "lost_records", "dup_records",
-                "pg_vs_sqlite_1_writers", "pg_vs_sqlite_16_writers", "fsync_per_s", "s3_vs_local_save",
+                "pg_vs_sqlite_1_writers", "pg_vs_sqlite_16_writers", "pg_vs_raw_psycopg_16_writers",
+                "synchronous_commit", "fsync_per_s", "s3_vs_local_save",
                 "s3_vs_local_restore", "goals"},
     "scale": {"gang_ckpt_vs_single", "gang_vs_disk", "vs_dcp", "gang_save_s", "single_save_s",
               "raw_write_s", "states_equal", "best_of", "one_tensor", "not_measured", "goals", "efficiency_2_workers", "vs_ray_data",
               "node_loss_recovery_s", "ray_node_death_detection_s", "ray_workers_s", "local_workers_s",
               "ray_data_2w_s", "ray_cluster"},
+    "generate": {"vs_plain_generate", "vs_ray_data", "pause_s", "tokens_regenerated_after_preemption",
+                 "decode_tokens_per_s", "output_verified", "not_measured", "runs", "goals"},
+    "queues": {"vs_plain_consumer", "plain_s", "segue_s", "redelivered_after_kill",
+               "time_to_first_new_ack_s", "kill", "outputs_equal", "goals"},
     "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",
                "pause_to_paused_cli_s", "pause_tries_per_side", "server_rss_bytes", "load_errors",
                "goals"},
@@ -97,6 +102,20 @@ def test_server_smoke_states_its_goals_and_counts_its_errors() -> None:
     # the API and the CLI got the same number of pause tries
     tries = got["pause_tries_per_side"]
     assert len(got["samples"]["pause_api_s"]) == len(got["samples"]["pause_cli_s"]) == tries
+
+
+def test_generate_smoke_checks_tokens_and_parks_mid_generation() -> None:
+    got = run_smoke("generate")
+    assert got["output_verified"]["every_run_matched"] is True
+    assert got["runs"]["plain"] and got["runs"]["segue"]  # every side the same tries
+    assert len(got["runs"]["plain"]) == len(got["runs"]["segue"]) == got["tries_per_side"]
+    assert set(got["goals"]) == {"vs_plain_generate", "vs_ray_data", "pause_s"}
+    # a figure is measured, or null with its reason
+    assert (got["vs_ray_data"] is None) == ("vs_ray_data" in got["not_measured"])
+    # the pause landed between two tokens: the run resumed in a second attempt, nothing published twice
+    assert got["pause"]["attempts"] >= 2 and got["pause"]["output_verified"] is True
+    assert got["tokens_regenerated_after_preemption"] >= 0
+    assert got["pause"]["tokens_published"] == got["output_verified"]["tokens"]
 
 
 def test_gpu_checkpoint_smoke_skips_or_measures() -> None:
@@ -161,3 +180,13 @@ def test_benchmarks_type_check() -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, \
         f"mypy benchmarks exited {proc.returncode}:\n{proc.stdout}{proc.stderr}"
+
+
+def test_queues_smoke_checks_its_outputs_and_counts_its_kill() -> None:
+    got = run_smoke("queues")
+    if "skipped" in got:  # no redis-server here: said by the benchmark
+        pytest.skip(got["skipped"])
+    assert got["outputs_equal"] is True and got["vs_plain_consumer"] > 0
+    assert got["kill"]["kills_landed"] == 1, got["kill"]  # the SIGKILL landed, once
+    assert got["kill"]["xpending_at_end"] == 0  # every message acknowledged in the end
+    assert got["redelivered_after_kill"] >= 0 and got["time_to_first_new_ack_s"] > 0

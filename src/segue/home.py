@@ -3,7 +3,7 @@
 Layout::
 
     HOME/segue.db                      metadata store (SQLite, WAL), unless one is configured:
-    HOME/config.json                   {"store": "postgresql://..."} (or $SEGUE_STORE, --store)
+    HOME/config.json                   {"store": "postgresql://..."} (or --store, $SEGUE_STORE)
     HOME/data/runs/RUN/STEP/ckpt/SEQ-eEPOCH/   checkpoints (MANIFEST.json last); a run
                                        started with --checkpoints URL keeps runs/... there
     HOME/data/runs/RUN/STEP/output-eEPOCH/     committed step outputs
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import UsageError
@@ -50,11 +50,23 @@ def _user_home() -> Path | None:
 @dataclass(frozen=True)
 class Home:
     root: Path
+    # The metadata store given explicitly (``segue --store URL``, ``Client(store=)``,
+    # the record a controller hands its workers), which wins over ``$SEGUE_STORE`` and
+    # ``config.json``; None: the home's own choice (segue.store.store_url). Carried
+    # with the home, never exported, so every process this one starts is told it.
+    # Not in the repr (a URL may hold a password) nor in comparisons (one home).
+    store: str | None = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def resolve(cls, home: str | os.PathLike[str] | None = None) -> Home:
+    def resolve(cls, home: str | os.PathLike[str] | None = None, *, store: str | None = None) -> Home:
         raw = home if home is not None else os.environ.get("SEGUE_HOME", ".segue")
-        return cls(Path(raw).expanduser().resolve())
+        return cls(Path(raw).expanduser().resolve(), store=store or None)
+
+    def store_url(self) -> str | None:
+        """The PostgreSQL URL this home's metadata lives at, or None for its SQLite file."""
+        from .store import store_url
+
+        return store_url(self.root, self.store)
 
     @property
     def db_path(self) -> Path:
@@ -75,9 +87,7 @@ class Home:
         another machine may have filled: a fresh home directory still sees its runs)."""
         if self.db_path.exists():
             return True
-        from .store import store_url
-
-        return store_url(self.root) is not None
+        return self.store_url() is not None
 
     def ensure(self) -> Path:
         """Create the home private to its owner (0700), or make an existing one so.
@@ -119,7 +129,7 @@ class Home:
         from .store import open_store
 
         self.ensure()
-        return open_store(self.root)
+        return open_store(self.root, self.store)
 
     def storage(self, url: str = ""):  # -> CheckpointStorage
         """Checkpoint storage at ``url`` (a run's ``checkpoints`` option): the home's data

@@ -19,6 +19,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.fixture()
+def own_home(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SEGUE_HOME in the test's own directory: a bare step context's dead letters land there."""
+    monkeypatch.setenv("SEGUE_HOME", str(tmp_path / "home"))
+
+
 @pytest.fixture(scope="session")
 def pg_url(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A throwaway PostgreSQL server for the session; skipped (with the install hint) if absent."""

@@ -12,38 +12,24 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
-from campaign_kit import Campaign
+from campaign_kit import FAST, Campaign, check_keys_once
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from brokerkit import RedisServer, redis_skip_reason  # noqa: E402
+from brokerkit import RedisServer, redis_skip_reason, serve  # noqa: E402
 from segue_helpers import wait_for  # noqa: E402
 
 FLOW = str(Path(__file__).parent / "flows" / "queueflow.py")
-FAST = {
-    "SEGUE_LEASE_TTL_S": "30",
-    "SEGUE_BACKOFF_BASE_S": "0.01",
-    "SEGUE_BACKOFF_MAX_S": "0.05",
-    "SEGUE_PAUSE_DEADLINE_S": "20",
-}
 GROUP = "segue-consume"
 N = 2000
 
 
 @pytest.fixture()
 def redis_server(tmp_path: Path) -> Any:
-    why = redis_skip_reason()
-    if why:
-        pytest.skip(why)
-    server = RedisServer.start(tmp_path / "redis")
-    try:
-        yield server
-    finally:
-        server.stop()
+    yield from serve(RedisServer.start, redis_skip_reason(), tmp_path / "redis")
 
 
 def produce(r: Any, stream: str, n: int) -> None:
@@ -76,14 +62,6 @@ def acked_keys(r: Any, stream: str) -> set[int]:
     last = info["last-delivered-id"]
     pel = {e["message_id"] for e in r.xpending_range(stream, GROUP, "-", "+", 100_000)}
     return {json.loads(f["data"])["k"] for mid, f in r.xrange(stream, "-", last) if mid not in pel}
-
-
-def check_exactly_once(got: list[tuple[int, str]], n: int) -> None:
-    counts = Counter(k for k, _ in got)
-    dupes = [k for k, c in counts.items() if c > 1]
-    lost = set(range(n)) - set(counts)
-    assert not dupes and not lost, f"{len(dupes)} duplicated (e.g. {dupes[:5]}), {len(lost)} lost"
-    assert all(v == f"VALUE-{k:08d}" for k, v in got)
 
 
 def check_all_acked(r: Any, stream: str, n: int) -> None:
@@ -154,11 +132,7 @@ def test_sigkills_between_commit_and_ack_and_a_pause_exactly_once(
     )
     c = Campaign(s, "q", hold, timeout=500)
     try:
-        wait_for(lambda: c._task().epoch >= 2, 120, "the first attempt to die at queue.before_ack")
-        first = [ck for ck in c.store.list_checkpoints("q", "consume") if ck.epoch == 1]
-        assert len(first) == 3, first  # it died after its third commit: between commit and ack
-        wait_for(lambda: c.recorded_worker_sigkills() >= 1, 60, "the store to record the SIGKILL")
-        c.landed["kill_before_ack"] += 1
+        c.land_armed_kill(3)  # it died after its third commit: between commit and ack
         c.fire("kill_worker", 1)
         c.fire("kill_controller", 1)
         c.fire("pause", 1)
@@ -178,7 +152,7 @@ def test_sigkills_between_commit_and_ack_and_a_pause_exactly_once(
         "pause": 1,
     }, c.log
     assert c.recorded_worker_sigkills() >= 3
-    check_exactly_once(read_output(kind, out, r), N)
+    check_keys_once(read_output(kind, out, r), N)
     check_all_acked(r, "in", N)
     print(
         f"redis stream campaign {kind}: landed {dict(c.landed)}, missed {dict(c.missed)}, log {c.log}"
@@ -209,5 +183,40 @@ def test_broker_sigkilled_and_restarted_mid_run_exactly_once(
         e for e in c.store.list_events("q") if e.kind == "failure" and "ConnectionError" in e.reason
     ]
     assert lost_broker, "no attempt failed while the broker was down"
-    check_exactly_once(read_output("jsonl", out, r), N)
+    check_keys_once(read_output("jsonl", out, r), N)
     check_all_acked(r, "in", N)
+
+
+DECLARED = str(Path(__file__).parent / "flows" / "redisdecor.py")
+
+
+@pytest.mark.parametrize("case", ["unreachable", "missing-stream"])
+def test_bad_input_is_refused_at_submit_in_one_line(
+    segue: Any, redis_server: RedisServer, tmp_path: Path, case: str
+) -> None:
+    import subprocess
+
+    from brokerkit import free_port
+
+    redis_server.client().xadd("in", {"data": json.dumps({"k": 0, "v": "a"})})
+    nowhere = free_port()
+    url, stream, expected = {
+        "unreachable": (f"redis://127.0.0.1:{nowhere}/0", "in",
+                        f"cannot reach the Redis server at redis://127.0.0.1:{nowhere}/0 ("),
+        "missing-stream": (redis_server.url, "no-such-stream",
+                           f"stream 'no-such-stream' does not exist at {redis_server.url}; check the "
+                           f"name, or pass create_stream=True to wait for a producer"),
+    }[case]
+    proc = subprocess.run(
+        [sys.executable, "-m", "segue", "run", DECLARED, "-p", f"url={url}", "-p",
+         f"stream={stream}", "-p", f"out={tmp_path / 'out'}"],
+        capture_output=True, text=True, env=segue.env, cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"segue: step 'upper': {expected}"), proc.stderr
+    assert not segue.home.exists(), "a refused run must not create the home"
+    assert not (tmp_path / "out").exists()
+    # The stream was only looked at: no consumer group was created by the probe.
+    if case == "missing-stream":
+        assert not redis_server.client().exists("no-such-stream")
+    else:
+        assert [g["name"] for g in redis_server.client().xinfo_groups("in")] == []

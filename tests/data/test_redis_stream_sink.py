@@ -12,30 +12,19 @@ import pytest
 from fakectx import Crash, FakeRun
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from brokerkit import RedisServer, redis_skip_reason  # noqa: E402
+from brokerkit import RedisServer, redis_skip_reason, serve  # noqa: E402
 
 from segue.data import Scope, SequenceSource, run_map  # noqa: E402
 from segue.data.sinks.redis_stream import RedisStreamSink  # noqa: E402
 from segue.errors import FencedError  # noqa: E402
 
 N = 600
+pytestmark = pytest.mark.usefixtures("own_home")  # dead letters: the test's own home
 
 
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    why = redis_skip_reason()
-    if why:
-        pytest.skip(why)
-    server = RedisServer.start(tmp_path_factory.mktemp("redis"))
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(autouse=True)
-def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SEGUE_HOME", str(tmp_path / "home"))
+    yield from serve(RedisServer.start, redis_skip_reason(), tmp_path_factory.mktemp("redis"))
 
 
 @pytest.fixture()

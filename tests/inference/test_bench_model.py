@@ -31,8 +31,9 @@ PNG = b"\x89PNG\r\n\x1a\n"
 GIB = 2**30
 
 
-def segue(home: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+def segue(home: Path, *args: str, timeout: float = 120,
+          env_more: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env_more or {})}
     return subprocess.run([sys.executable, "-m", "segue", "--home", str(home), *args],
                           capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -228,6 +229,82 @@ def test_a_noisy_round_measured_again_settles_and_is_saved(tmp_path: Path) -> No
     (b,) = saved["batches"]
     assert saved["stable"] is True and (b["rounds"], b["stable"], b["spread"]) == (2, True, 1.0)
     assert b["items_per_s"] == pytest.approx(400.0)  # the settled round's, not the noisy one's
+
+
+# -- generate handlers: time to first token, prefill and decode tokens/s ------------------
+GEN_AUTO_FLOW = FLOWS / "generate_auto.py"
+
+
+def test_generate_figures_split_the_first_token_from_decode() -> None:
+    from segue.inference.bench_generate import Timed, cost_per_million_tokens, figures
+
+    # two batches of 4 requests: 40 prompt tokens and 32 new tokens each
+    steady = [Timed(0.5, 2.0, 40, 32, 4), Timed(0.5, 2.0, 40, 32, 4)]
+    got = figures(steady)
+    assert got["tokens_per_s"] == 16.0 and got["items_per_s"] == 2.0
+    assert got["prefill_tokens_per_s"] == 80.0  # 80 prompt tokens in 1 s of first tokens
+    assert got["decode_tokens_per_s"] == pytest.approx(56 / 3.0, rel=1e-4)  # 64 - 8 first tokens in 3 s
+    assert got["ttft_p50_s"] == 0.5 and got["p50_batch_s"] == 2.0
+    assert cost_per_million_tokens(0.36, 100.0) == 1.0  # $0.0001/s at 100 tokens/s
+    # one token a request: no decode at all
+    assert figures([Timed(0.5, 0.5, 10, 4, 4)])["decode_tokens_per_s"] is None
+
+
+@pytest.fixture(scope="module")
+def gen(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    pytest.importorskip("transformers")
+    from genkit import build_model
+
+    where = tmp_path_factory.mktemp("bench-gen")
+    model = build_model(where / "lm")
+    home, png = where / "home", where / "gen.png"
+    env = {"SEGUE_TEST_GEN_MODEL": str(model)}  # the flow's model directory
+    proc = segue(home, "bench-model", str(GEN_AUTO_FLOW), "generate", "--device", "cpu",
+                 "--batch-sizes", "1,4", "--items", "4", "--json", "--plot", str(png),
+                 "--save-unstable", timeout=600, env_more=env)
+    assert proc.returncode == 0, proc.stderr
+    return {"home": home, "png": png, "doc": json.loads(proc.stdout), "env": env}
+
+
+def test_bench_generate_handler_reports_ttft_prefill_decode_and_cost(gen: dict[str, Any],
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    doc = gen["doc"]
+    assert (doc["handler"], doc["kind"], doc["max_new_tokens"]) == ("tiny-llama", "generate", 8)
+    check_profile(doc)
+    assert [b["batch_size"] for b in doc["batches"]] == [1, 4]
+    for b in doc["batches"]:
+        assert b["batches"] >= 3 and b["peak_bytes"] > 0 and b["fits"] is True
+        assert 0 < b["ttft_p50_s"] <= b["p50_batch_s"]
+        assert b["prefill_tokens_per_s"] > 0 and b["decode_tokens_per_s"] > 0 and b["tokens_per_s"] > 0
+        assert b["completion_tokens"] > 0 and b["seq_len"] > 8
+        assert b["cost_per_million_tokens"] == pytest.approx(
+            doc["price_per_hour"] / 3600 / b["tokens_per_s"] * 1e6, rel=1e-3)
+    assert doc["recommended_batch_size"] == recommend(doc["batches"], doc["capacity_bytes"], key="tokens_per_s")
+    assert doc["recommendation"].startswith("highest tokens/s (cheapest per token)")
+    assert gen["png"].read_bytes()[:8] == PNG
+    from segue.cli.bench_model import _print
+
+    _print(doc, doc["profile_path"], str(gen["png"]))  # the table the command prints without --json
+    table = capsys.readouterr().out
+    head = [line for line in table.splitlines() if line.lstrip().startswith("batch")]
+    assert head and all(col in head[0] for col in ("ttft p50", "prefill/s", "decode/s", "$/1M tok")), table
+    assert f"recommended batch size: {doc['recommended_batch_size']} (highest tokens/s" in table
+
+
+def test_auto_batch_size_of_a_generate_step_runs_at_the_recommended_batch(gen: dict[str, Any],
+                                                                          tmp_path: Path) -> None:
+    rec = gen["doc"]["recommended_batch_size"]
+    n = 6
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": i, "prompt": f"request {i}: say"}) + "\n" for i in range(n)))
+    proc = segue(gen["home"], "run", str(GEN_AUTO_FLOW), "-p", f"prompts={prompts}", "-p",
+                 f"out={tmp_path / 'out'}", timeout=600, env_more=gen["env"])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    import pyarrow.dataset as ds
+
+    sizes = sorted(ds.dataset(str(tmp_path / "out"), format="parquet").to_table(columns=["bs"])
+                   .column("bs").to_pylist())
+    assert sizes == sorted([rec] * (rec * (n // rec)) + [n % rec] * (n % rec))
 
 
 # -- MiniLM, the built-in preset ---------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 from genkit import build_model, prompts
 
+from segue.data import Rejected
 from segue.errors import UsageError
 
 torch = pytest.importorskip("torch", reason="torch is not installed; `pip install segue[hf]`")
@@ -136,16 +138,27 @@ def test_contract_chat_template(make: Any) -> None:
     assert plain.run_inference([{"id": 1, "prompt": "hello"}], m)[0]["prompt_tokens"] < a["prompt_tokens"]
 
 
-def test_contract_bad_requests_are_one_line_errors(make: Any) -> None:
+def test_contract_bad_requests_are_rejected_one_by_one_with_one_line(make: Any) -> None:
+    """A bad request is a Rejected in its place (the data step dead-letters that record with
+    the reason); the good ones of the same batch are generated as if alone."""
     h, m = make(max_new_tokens=4)
-    with pytest.raises(ValueError, match=r"^request 'a' has no 'prompt' field$"):
-        h.run_inference([{"id": "a", "text": "x"}], m)
-    with pytest.raises(ValueError, match=r"^request 'a': prompt must be a string, not int$"):
-        h.run_inference([{"id": "a", "prompt": 3}], m)
-    with pytest.raises(ValueError, match=r"^request 0 of the batch has no 'id'"):
-        h.run_inference([{"prompt": "x"}], m)
-    with pytest.raises(ValueError, match=r"^request id 'a' appears twice in the batch"):
-        h.run_inference([{"id": "a", "prompt": "x"}, {"id": "a", "prompt": "y"}], m)
+    batch = [{"id": "a", "text": "x"}, {"id": "b", "prompt": "fine"}, {"id": "a", "prompt": 3},
+             {"prompt": "x"}, {"id": "b", "prompt": "again"}, 7]
+    out = h.run_inference(batch, m)
+    assert len(out) == len(batch)
+    reasons = [o.reason if isinstance(o, Rejected) else None for o in out]
+    assert reasons[1] is None and out[1]["id"] == "b"
+    assert out[1]["token_ids"] == h.run_inference([batch[1]], m)[0]["token_ids"]
+    for got, want in zip(reasons, [r"^request 'a' has no 'prompt' field$", None,
+                                   r"^request 'a': prompt must be a string, not int$",
+                                   r"^request 3 of the batch has no 'id' \(a string or an int\)$",
+                                   r"^request id 'b' appears twice in the batch; ids must be unique$",
+                                   r"^request 5 of the batch must be a string or a record with 'id' and "
+                                   r"'prompt', not int$"], strict=True):
+        assert (got is None) == (want is None), got
+        if want is not None:
+            assert re.match(want, got) and "\n" not in got, got
+    assert [o.record for o in out if isinstance(o, Rejected)] == [batch[0], batch[2], batch[3], batch[4], 7]
 
 
 # -- the CPU handler ------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from segue.data.mapstep import MapStep  # noqa: E402
 from segue.errors import FencedError  # noqa: E402
 
 N, BATCH, NEW, CHUNK = 10, 4, 32, 8
+BUDGET = 110  # tokens: two requests of these prompts (up to ~20 tokens) + NEW fit, three do not
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "seed": 11}
 
 
@@ -94,7 +95,7 @@ def generate(batch: Any, model: Any) -> Any:
 
 class Scenario:
     def __init__(self, root: Path, model: Path, sampling: dict[str, Any]) -> None:
-        self.root, self.model, self.sampling = root, model, sampling
+        self.root, self.model, self.sampling = root, model, sampling  # the handler's keywords
         root.mkdir(parents=True)
         with open(root / "prompts.jsonl", "w") as f:
             for p in prompts(N):
@@ -153,16 +154,28 @@ def lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_model(tmp_path_factory.mktemp("tiny-lm") / "m")
 
 
-@pytest.mark.parametrize("mode", ["greedy", "sampled"])
+@pytest.mark.parametrize("mode", ["greedy", "sampled", "bucketed"])
 def test_sigkills_mid_generation_resume_from_tokens_exactly_once(tmp_path: Path, lm: Path, mode: str) -> None:
-    sampling = SAMPLED if mode == "sampled" else {}
+    """``bucketed``: the faulty run decodes each window of 4 in sub-batches of at most
+    BUDGET tokens (bucketed by prompt length) and still ends token-identical to the clean
+    run, which decodes each window whole."""
+    sampling = SAMPLED if mode != "greedy" else {}
     clean = Scenario(tmp_path / "clean", lm, sampling)
     assert clean.attempt() == "done"
     want = {r["id"]: r for r in clean.published()}
     assert sorted(want) == [f"p{k:02d}" for k in range(N)]
     assert any(r["completion_tokens"] > 2 * CHUNK for r in want.values())  # long enough to be cut
 
-    sc = Scenario(tmp_path / "faulty", lm, sampling)
+    if mode == "bucketed":  # the budget does cut every full window (2 sub-batches of 2)
+        from tokenizers import Tokenizer
+
+        from segue.inference.kvbatch import KVBudget, bucket
+
+        tok = Tokenizer.from_file(str(lm / "tokenizer.json"))
+        widths = [len(tok.encode(p["prompt"]).ids) for p in prompts(N)]
+        cuts = [bucket(widths[k:k + BATCH], NEW, KVBudget(BUDGET)) for k in range(0, N, BATCH)]
+        assert [len(c.groups) for c in cuts] == [2, 2, 1] and not any(c.too_long for c in cuts)
+    sc = Scenario(tmp_path / "faulty", lm, {**sampling, "token_budget": BUDGET} if mode == "bucketed" else sampling)
     # Kills on observed progress: after the 2nd mid-batch commit (16 tokens in flight),
     # after a batch's commit, after the 1st mid commit of the next attempt, and once
     # more mid-batch; each attempt resumes the one before.

@@ -83,6 +83,39 @@ def test_selection_env_then_config_then_sqlite(tmp_path: Path, monkeypatch: pyte
         sqlite_only(home, "webhooks")
 
 
+def test_open_store_takes_a_home_or_a_url_and_creates_only_when_asked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_url: str) -> None:
+    """One open_store for a home and for a URL; the scheduler opening another home's
+    store (create=False) writes nothing where there is none."""
+    from segue.scheduler.agent import _open_home_store
+    from segue.store.postgres import PostgresStore
+
+    monkeypatch.delenv("SEGUE_STORE", raising=False)
+    by_url = open_store(pg_url)
+    try:
+        assert isinstance(by_url, PostgresStore) and by_url.url == pg_url
+    finally:
+        by_url.close()
+    with pytest.raises(UsageError, match=r"^store: unsupported metadata store 'mysql://u:\*\*\*@db/x'"):
+        open_store("mysql://u:pw@db/x")
+    gone = tmp_path / "gone"
+    with pytest.raises(StoreError, match=r"has no metadata store \(segue\.db\)$"):
+        open_store(gone, create=False)
+    assert _open_home_store(str(gone)) is None and not gone.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert _open_home_store(str(empty)) is None and list(empty.iterdir()) == []
+    make_run(open_store(tmp_path / "h"))  # creates the home and its file
+    other = _open_home_store(str(tmp_path / "h"))
+    assert isinstance(other, SQLiteStore) and [r.run_id for r in other.list_runs()] == ["r1"]
+    other.close()
+    pg_home = _open_home_store(str(empty), pg_url)  # an explicit store applies to every home
+    try:
+        assert isinstance(pg_home, PostgresStore) and pg_home.home == str(empty)
+    finally:
+        pg_home.close()
+
+
 @pytest.mark.parametrize("where", ["env", "config"])
 def test_unknown_scheme_is_one_line_and_hides_the_password(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:

@@ -27,6 +27,7 @@ from segue_helpers import VirtualClock, wait_for
 
 from segue.errors import ControllerConflictError, FencedError, IllegalTransitionError, StoreError
 from segue.states import Actor, RunState, TaskState
+from segue.store import Store, TaskRecord
 from segue.store.postgres import PostgresStore, is_postgres_url
 from segue.store.postgres_schema import LATEST, MIGRATIONS, Migration, migrate, schema_version
 
@@ -519,6 +520,79 @@ def test_hot_writes_take_one_statement_and_judge_like_the_locked_path(
     assert [x.data for x in refusals(store)] == [
         {"epoch": ce + 1, "current": ce}, {"epoch": ce + 1, "current": ce},
         {"epoch": e + 1, "current": e}]
+
+
+def _task_moves(store: Store) -> list[TaskRecord]:
+    """Every kind of task move, each from a state it is legal from."""
+    a = store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    store.set_attempt_pid("r1", "train", a.epoch, 4242, "h")
+    return [a, store.transition_task("r1", "train", T.RETRYING, actor=Actor.CONTROLLER,
+                                     reason="it failed", epoch=a.epoch, count_failure=True,
+                                     error='boom: "quoted" \u00fc', next_attempt_at=1234.5),
+            store.start_attempt("r1", "train", ttl_s=30, actor=Actor.CONTROLLER),
+            store.transition_task("r1", "train", T.PENDING, actor=Actor.FAILURE_DETECTOR,
+                                  reason="lease expired", only_from={T.RUNNING}),
+            c := store.start_attempt("r1", "train", ttl_s=30, actor=Actor.CONTROLLER),
+            store.transition_task("r1", "train", T.PARKED, actor=Actor.CONTROLLER, reason="pause",
+                                  epoch=c.epoch, reset_failures=True),
+            store.transition_task("r1", "train", T.PENDING, actor=Actor.CLI, reason="resume"),
+            d := store.start_attempt("r1", "train", ttl_s=30, actor=Actor.CONTROLLER),
+            store.complete_task("r1", "train", d.epoch, output_ref="out/1", actor=Actor.WORKER)]
+
+
+def test_task_moves_take_one_statement_and_write_what_sqlite_writes(
+    store: PostgresStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transition_task, start_attempt and complete_task in one statement each, with the
+    same rows and events as the locked path gives on SQLite (one core decides both)."""
+    from segue.store import SQLiteStore
+
+    lite = SQLiteStore(tmp_path / "segue.db")
+    transactions: list[str] = []
+    real_once = store._once
+    monkeypatch.setattr(store, "_once", lambda body, begin, finish: (
+        begin and transactions.append(begin), real_once(body, begin, finish))[1])  # writes
+    times = ("started_at", "finished_at", "updated_at", "lease_until")
+    got: dict[str, Any] = {}
+    for side in (store, lite):
+        make_run(side, steps=["train"])
+        transactions.clear()
+        records = _task_moves(side)
+        if side is store:
+            assert transactions == ["BEGIN ISOLATION LEVEL READ COMMITTED"]  # set_attempt_pid
+        assert len(records) == 9 and records[-1].state is T.SUCCEEDED
+        got[type(side).__name__] = (
+            [{k: v for k, v in vars(r).items() if k not in times} for r in records],
+            [(r.lease_until is None, r.finished_at is None, r.started_at == records[0].started_at,
+              None if r.lease_until is None else round(r.lease_until - r.updated_at, 3))
+             for r in records],
+            [(e.kind, e.actor, e.from_state, e.to_state, e.reason, e.data)
+             for e in side.list_events("r1")])
+    lite.close()
+    assert got["PostgresStore"] == got["SQLiteStore"]
+    events = got["PostgresStore"][2]
+    assert events[2] == ("task", Actor.CONTROLLER, "RUNNING", "RETRYING", "it failed",
+                         {"epoch": 1, "error": 'boom: "quoted" \u00fc'})
+    assert events[3][4] == "attempt 2 started" and events[3][5] == {"epoch": 2, "attempt": 2}
+    assert store.list_events("r1")[-1].time == store.get_task("r1", "train").finished_at
+    # What one statement may not do goes to the locked path, which refuses as ever.
+    with pytest.raises(IllegalTransitionError, match="SUCCEEDED"):
+        store.transition_task("r1", "train", T.PENDING, actor=Actor.CLI, reason="again")
+    with pytest.raises(IllegalTransitionError, match="SUCCEEDED"):
+        store.start_attempt("r1", "train", ttl_s=60, actor=Actor.CONTROLLER)
+    make_run(store, "r2", steps=["train"])
+    e = store.start_attempt("r2", "train", ttl_s=60, actor=Actor.CONTROLLER).epoch
+    with pytest.raises(FencedError):
+        store.transition_task("r2", "train", T.RETRYING, actor=Actor.CONTROLLER, reason="old",
+                              epoch=e - 1)
+    with pytest.raises(FencedError):
+        store.complete_task("r2", "train", e + 1, output_ref=None, actor=Actor.WORKER)
+    with pytest.raises(IllegalTransitionError, match="only allowed from PARKED"):
+        store.transition_task("r2", "train", T.FAILED, actor=Actor.CLI, reason="x",
+                              only_from={T.PARKED})
+    assert store.get_task("r2", "train").state is T.RUNNING
+    assert [x.data for x in refusals(store, "r2")] == [{"epoch": e - 1, "current": e},
+                                                        {"epoch": e + 1, "current": e}]
 
 
 def _lose_answer(store: PostgresStore, monkeypatch: pytest.MonkeyPatch,

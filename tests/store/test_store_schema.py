@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 from contextlib import closing
 from pathlib import Path
@@ -18,6 +19,27 @@ def _tables(db: Path) -> set[str]:
     with closing(sqlite3.connect(db)) as conn:
         rows = conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()
     return {r[0] for r in rows}
+
+
+# Migrations are frozen text: the tables both backends create are written once
+# (segue.store.tables) and must render exactly what each version shipped with.
+SHIPPED = {
+    "sqlite": ["6d897c7a2567c30d", "a6292300c0297418", "71cde2ad4e6d50fd", "7922dc2cc40032dc",
+               "e382828448ee236d"],
+    "postgres": ["f4420fa7bfcf0f96", "49010d0d042c5ee7", "f28b35d73dae48c1", "2eaee9061ab7ba18",
+                 "4a8eb24767c11e4b", "d735b418f7726e3c"],
+}
+
+
+def test_shipped_migrations_keep_their_text() -> None:
+    from segue.store import postgres_schema
+
+    def digests(migrations: tuple[Migration, ...]) -> list[str]:
+        return [hashlib.sha256("\n;\n".join(m.statements).encode()).hexdigest()[:16]
+                for m in migrations]
+
+    assert digests(MIGRATIONS)[: len(SHIPPED["sqlite"])] == SHIPPED["sqlite"]
+    assert digests(postgres_schema.MIGRATIONS)[: len(SHIPPED["postgres"])] == SHIPPED["postgres"]
 
 
 def test_migrations_are_numbered_in_order() -> None:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import threading
 from typing import Any
 
 from ..client.local import LocalClient
 from ..errors import UsageError
-from ..hostname import ENV as HOST_ENV
-from ..hostname import this_host
+from ..hostname import this_host, use_host
 from .render import fmt_time, print_json
 
 
@@ -38,7 +36,7 @@ def cmd_agent(a: argparse.Namespace, client: LocalClient) -> int:
     if not 0 < poll <= ttl / 2:
         raise UsageError(f"--poll must be above 0 and at most half of --ttl ({ttl / 2:g}s), not {poll}")
     host = a.host_id or this_host()
-    os.environ[HOST_ENV] = host  # before anything records this host's name
+    use_host(host)  # before anything records this host's name; its controllers are told it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     client.home.ensure()
     pool = client.pool()  # this host's devices, detected the first time

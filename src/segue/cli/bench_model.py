@@ -150,14 +150,10 @@ def _print(p: dict[str, Any], path: Any, plot: str | None, refused: bool = False
           f"after load")
     print(f"capacity {human_bytes(p['capacity_bytes'])} ({p['capacity_source']}); price "
           f"${p['price_per_hour']:.4g}/h ({p['price_source']}); peak: {p['peak_method']}")
-    print(f"{'batch':>6} {'peak':>10} {'first':>9} {'p50':>9} {'p95':>9} {'p95/p50':>8} "
-          f"{'items/s':>10} {'$/1k items':>11}  fits")
-    for b in p["batches"]:
-        cost = "-" if b["cost_per_1k_items"] is None else f"{b['cost_per_1k_items']:.3g}"
-        print(f"{b['batch_size']:>6} {human_bytes(b['peak_bytes']):>10} {b['first_batch_s']:>8.4f}s "
-              f"{b['p50_batch_s']:>8.4f}s {b['p95_batch_s']:>8.4f}s "
-              f"{_spread(b):>8} {b['items_per_s']:>10.1f} "
-              f"{cost:>11}  {'yes' if b['fits'] else 'no'}")
+    if p.get("kind") == "generate":
+        _print_generate(p)
+    else:
+        _print_items(p)
     rec = p["recommended_batch_size"]
     if rec is None:
         print("recommended batch size: none (no measured batch size fits under 90% of capacity)")
@@ -167,3 +163,29 @@ def _print(p: dict[str, Any], path: Any, plot: str | None, refused: bool = False
           f"profile: not saved ({'unstable; --save-unstable saves it' if refused else '--no-save'})")
     if plot:
         print(f"plot: {plot}")
+
+
+def _print_items(p: dict[str, Any]) -> None:
+    print(f"{'batch':>6} {'peak':>10} {'first':>9} {'p50':>9} {'p95':>9} {'p95/p50':>8} "
+          f"{'items/s':>10} {'$/1k items':>11}  fits")
+    for b in p["batches"]:
+        cost = "-" if b["cost_per_1k_items"] is None else f"{b['cost_per_1k_items']:.3g}"
+        print(f"{b['batch_size']:>6} {human_bytes(b['peak_bytes']):>10} {b['first_batch_s']:>8.4f}s "
+              f"{b['p50_batch_s']:>8.4f}s {b['p95_batch_s']:>8.4f}s "
+              f"{_spread(b):>8} {b['items_per_s']:>10.1f} "
+              f"{cost:>11}  {'yes' if b['fits'] else 'no'}")
+
+
+def _print_generate(p: dict[str, Any]) -> None:
+    """A generate handler's table: time to first token, prefill and decode tokens/s, $ per 1M tokens."""
+    def num(x: float | None, fmt: str) -> str:
+        return "-" if x is None else format(x, fmt)
+
+    print(f"{p.get('max_new_tokens')} new tokens a request; ttft: time to first token (prefill + 1 token)")
+    print(f"{'batch':>6} {'peak':>10} {'ttft p50':>9} {'prefill/s':>10} {'decode/s':>9} {'tokens/s':>9} "
+          f"{'batch p50':>9} {'p95/p50':>8} {'$/1M tok':>9}  fits")
+    for b in p["batches"]:
+        print(f"{b['batch_size']:>6} {human_bytes(b['peak_bytes']):>10} {b['ttft_p50_s']:>8.4f}s "
+              f"{num(b['prefill_tokens_per_s'], '.1f'):>10} {num(b['decode_tokens_per_s'], '.1f'):>9} "
+              f"{b['tokens_per_s']:>9.1f} {b['p50_batch_s']:>8.3f}s {_spread(b):>8} "
+              f"{num(b['cost_per_million_tokens'], '.3g'):>9}  {'yes' if b['fits'] else 'no'}")

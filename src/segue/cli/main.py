@@ -321,15 +321,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     own_process()  # (segue.executor.ray_lean)
     try:
         a = build_parser().parse_args(argv)
+        store = None
         if a.store is not None:
-            # Exported, so that everything the command starts (controllers,
-            # workers, verify sandboxes) opens the same store.
-            from ..store import STORE_ENV, check_store_url
+            from ..store import check_store_url
 
-            os.environ[STORE_ENV] = check_store_url(a.store, "--store")
-        # Everything the command starts (controllers, verify sandboxes) is given
-        # this home and this pool explicitly.
-        client = LocalClient(a.home, pool=a.pool, actor=Actor.CLI)
+            store = check_store_url(a.store, "--store")
+        # Everything the command starts (controllers, workers, verify sandboxes) is
+        # given this home, this store and this pool explicitly, never through the
+        # environment.
+        client = LocalClient(a.home, store=store, pool=a.pool, actor=Actor.CLI)
         code = COMMANDS[a.cmd](a, client)
     except SegueError as exc:  # the exit code is the class's (table in segue.errors)
         print(f"segue: {one_line(str(exc))}", file=sys.stderr)

@@ -64,7 +64,7 @@ def cmd_verify(a: argparse.Namespace, home: Home, *, pool: Path | str | None = N
     try:
         rep = run_verify(flow, a.param, kills=a.kills, pauses=a.pauses, seed=a.seed, base=base,
                          log=log, ignore_outputs=set(a.ignore_output), min_faults=a.min_faults,
-                         pool=pool)
+                         pool=pool, store=home.store)
     except _Stopped as stop:
         print(f"segue: verify stopped by {stop}; its controllers and workers were killed"
               + ("" if a.keep else " and its sandbox removed"),

@@ -74,7 +74,7 @@ def _outbox(client: LocalClient) -> Iterator[Any]:
     from ..store import open_outbox
 
     client.home.ensure()  # the database file with its private mode; the outbox migrates it
-    box = open_outbox(client.home.root)
+    box = open_outbox(client.home.root, url=client.home.store)
     try:
         yield box
     finally:

@@ -45,17 +45,19 @@ __all__ = [
 
 
 def Client(target: str | os.PathLike[str] | None = None, *, token: str | None = None,  # noqa: N802
-           pool: str | os.PathLike[str] | None = None) -> BaseClient:
+           pool: str | os.PathLike[str] | None = None, store: str | None = None) -> BaseClient:
     """A client for ``target``: a home directory (default ``$SEGUE_HOME`` or
     ``./.segue``) or the URL of a `segue server` (``http://127.0.0.1:8765``,
-    with ``token``). ``pool``: the host pool a home's controllers use (homes only)."""
+    with ``token``). ``pool``: the host pool a home's controllers use; ``store``:
+    the home's metadata store, a ``postgresql://`` URL (homes only)."""
     if isinstance(target, str) and target.startswith(("http://", "https://")):
         from .http import HttpClient
 
-        if pool is not None:
+        if pool is not None or store is not None:
             from ..errors import UsageError
 
-            raise UsageError("pool= applies to a home; a server uses its own pool")
+            raise UsageError(f"{'pool' if pool is not None else 'store'}= applies to a home; "
+                             f"a server uses its own")
         return HttpClient(target, token)
     from .local import LocalClient
 
@@ -63,7 +65,7 @@ def Client(target: str | os.PathLike[str] | None = None, *, token: str | None = 
         from ..errors import UsageError
 
         raise UsageError("token= applies to a server URL (http://...); a home needs none")
-    return LocalClient(target, pool=pool)
+    return LocalClient(target, store=store, pool=pool)
 
 
 def __getattr__(name: str) -> object:  # LocalClient and HttpClient, imported when first asked for

@@ -8,6 +8,7 @@ environment variables.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -24,7 +25,6 @@ from ..run import ops
 from ..run.options import RunOptions
 from ..run.resume_inputs import check_inputs
 from ..states import Actor, RunState
-from ..store import store_url
 from ..store.base import RunRecord, Store, TaskRecord
 from ..store.pool import HostPool, HostPoolStore
 from ..units import parse_bytes
@@ -60,6 +60,9 @@ class LocalClient(BaseClient):
     """Drive the runs of one home.
 
     ``home``: the home directory (default ``$SEGUE_HOME`` or ``./.segue``).
+    ``store``: the home's metadata store, a ``postgresql://`` URL (default
+    ``$SEGUE_STORE``, else the home's ``config.json``, else SQLite in the home);
+    controllers started by this client, and their workers, are told the same one.
     ``pool``: the host's device pool database (default ``$SEGUE_POOL``, see the
     README); controllers started by this client use the same one. ``actor``:
     who the events name as the cause of each change (``"api:alice"`` for a
@@ -67,15 +70,22 @@ class LocalClient(BaseClient):
     """
 
     def __init__(self, home: str | os.PathLike[str] | Home | None = None, *,
-                 pool: str | os.PathLike[str] | None = None, actor: str = Actor.API,
-                 prices: Mapping[str, float] | None = None) -> None:
+                 store: str | None = None, pool: str | os.PathLike[str] | None = None,
+                 actor: str = Actor.API, prices: Mapping[str, float] | None = None) -> None:
+        from ..store import check_store_url
         from ..store.hostpool import pool_path
         from ..store.postgres import is_postgres_url
 
-        self.home = home if isinstance(home, Home) else Home.resolve(home)
+        if store is not None:
+            store = check_store_url(store, "store")
+        if isinstance(home, Home):
+            self.home = home if store is None else dataclasses.replace(home, store=store)
+        else:
+            self.home = Home.resolve(home, store=store)
         self.pool_path: Path | str = (
             pool if isinstance(pool, str) and is_postgres_url(pool)
-            else Path(pool).expanduser().resolve() if pool is not None else pool_path(self.home.root))
+            else Path(pool).expanduser().resolve() if pool is not None
+            else pool_path(self.home.root, store=self.home.store))
         self.actor = actor
         self._prices = dict(prices or {})
         self._store: Store | None = None
@@ -146,7 +156,7 @@ class LocalClient(BaseClient):
             max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
             checkpoints=checkpoints, executor=executor, ray_address=ray_address,
         )
-        if opts.executor == "ray" and not opts.checkpoints and store_url(self.home.root):
+        if opts.executor == "ray" and not opts.checkpoints and self.home.store_url():
             # Ray nodes then keep homes of their own: the home's data directory is no one's.
             raise UsageError("on Ray with a PostgreSQL store the nodes do not share this home; pass "
                              "--checkpoints URL (e.g. s3://bucket/prefix) on storage every node reads")
@@ -333,7 +343,7 @@ class LocalClient(BaseClient):
         """The step's return value; ``as_json=False`` keeps arrays as arrays."""
         from ..run.outputs import read_output, to_json
 
-        value = read_output(run, step, self.home.root, allow_pickle=allow_pickle)
+        value = read_output(run, step, self.home, allow_pickle=allow_pickle)
         return to_json(value, f"output of step {step!r}") if as_json else value
 
     def logs(self, run: str, step: str | None = None, *, attempt: int | None = None,

@@ -22,7 +22,7 @@ from .errors import (
     PositionError,
     StagedOutputLostError,
 )
-from .operators import KINDS, Operator, operator
+from .operators import KINDS, Operator, Rejected, operator
 from .pinning import POLICIES
 from .ranked import GangReader, GangSampler
 from .runmap import run_map
@@ -63,6 +63,7 @@ __all__ = [
     "ParquetSink",
     "ParquetSource",
     "PositionError",
+    "Rejected",
     "Scope",
     "SequenceSource",
     "Shard",

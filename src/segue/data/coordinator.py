@@ -31,9 +31,9 @@ from typing import Any
 
 from .._park import Park
 from ..executor.pool import SubWorkerLost, SubWorkerPool
-from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir
+from .driver import STATE_VERSION, STATS, Limits, MapRun, home_dir, store_of
 from .elastic import Group, Scaler
-from .pool import default_pool
+from .pool import pool_for
 from .sinks.base import Scope, Sink
 from .sources.base import Shard, Source
 from .subworker import Recipe
@@ -73,8 +73,8 @@ class ParallelMapRun(MapRun):
         self.allow_pickle = allow_pickle
         self.recipe = recipe if recipe is not None else self._pickled_recipe()
         spec = getattr(ctx, "spec", None)  # a step's context (a stand-in may have none)
-        self.pool = pool if pool is not None else default_pool(
-            "sub-worker", resources=getattr(spec, "resources", None))
+        self.pool = pool if pool is not None else pool_for(
+            ctx, "sub-worker", resources=getattr(spec, "resources", None))
         self.slots = [_Slot() for _ in range(workers)]
         self.idle = [True] * workers
         self.splits = 0
@@ -103,7 +103,7 @@ class ParallelMapRun(MapRun):
             ) from None
         c = self.ctx
         return Recipe(c.run_id, c.step, c.epoch, self.read_batch, dict(c.params), pickled=blob,
-                      home=home_dir(c))
+                      home=home_dir(c), store=store_of(c))
 
     # -- recovery ---------------------------------------------------------------
     def _restore(self) -> dict[str, Any] | None:

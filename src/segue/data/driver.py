@@ -72,6 +72,12 @@ def home_dir(ctx: Any) -> str:
     return os.fspath(getattr(home, "root", home))
 
 
+def store_of(ctx: Any) -> str | None:
+    """The store the run's home was given explicitly (``Home.store``), for the processes
+    the step starts (its sub-workers); None: the home's own choice."""
+    return getattr(getattr(ctx, "home", None), "store", None)
+
+
 def default_dead_letter(home: str, run_id: str, step: str) -> JsonlSink:
     """``HOME/dead-letter/RUN/STEP`` (dead-*.jsonl parts); ``home`` from :func:`home_dir`."""
     return JsonlSink(os.path.join(home, "dead-letter", run_id, step), prefix="dead-")
@@ -86,7 +92,7 @@ def input_policy(ctx: Any) -> str:
 class _Unit:
     """One operator input: consecutive batches of one shard (several for byte-bounded batches)."""
 
-    __slots__ = ("records", "position", "nbytes", "has_bad", "first_ordinal", "start")
+    __slots__ = ("records", "position", "nbytes", "has_bad", "flush", "first_ordinal", "start")
 
     def __init__(self, batches: list[Batch], first_ordinal: int, start: Position) -> None:
         if len(batches) == 1:
@@ -96,6 +102,7 @@ class _Unit:
         self.position = batches[-1].position
         self.nbytes = sum(b.nbytes for b in batches)
         self.has_bad = any(b.has_bad for b in batches)
+        self.flush = batches[-1].flush
         self.first_ordinal = first_ordinal
         self.start = start
 
@@ -122,7 +129,7 @@ def iter_units(op: Operator, shard: Shard, position: Position, read_batch: int) 
     for b in shard.read(position, read_batch):
         acc.append(b)
         size += b.nbytes or record_bytes(b.records)
-        if size >= op.batch_bytes:
+        if size >= op.batch_bytes or b.flush:  # a flush cannot wait for a full unit
             yield _Unit(acc, ordinal, position)
             ordinal, position, acc, size = int(b.position.get("records", 0)), b.position, [], 0
     if acc:
@@ -255,7 +262,7 @@ class MapRun:
                 if res.failures:
                     self._dead_letter(shard, unit, res.failures)
                 ctx.progress(self._done(i, pos), self.total)
-                if ctx.checkpoint_due(stats["records_in"]):
+                if ctx.checkpoint_due(stats["records_in"]) or unit.flush:
                     self._commit(i, pos)
             i += 1
             pos = None

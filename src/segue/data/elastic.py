@@ -12,9 +12,10 @@ allocation in the host pool:
 * ``grow()``: another sub-worker's devices when the pool has them free and no
   other run waits for devices (growth is opportunistic).
 
-The controller tells the step's process where its pool is (``SEGUE_POOL``,
-``SEGUE_POOL_HOME``, ``SEGUE_HOST``) and which devices it was placed on
-(``SEGUE_POOL_DEVICES``, in the allocation's order). On Ray the groups are the
+The step's process learns where its pool is and which devices it was placed on
+(in the allocation's order) from its controller's record, which the run's worker
+hands the step's context as a :class:`Placement` (``ctx.placement``); this layer
+reads no environment. On Ray the groups are the
 pool's count of the cluster's GPUs: each sub-worker's actor asks Ray for its
 GPUs, and stopping it (a partial preemption) is what frees one in Ray. Without a pool (a direct
 ``run_map`` call) a CPU step grows up to ``max`` with its backlog, and a step
@@ -24,8 +25,9 @@ never shrinks below ``min``.
 from __future__ import annotations
 
 import logging
-import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger("segue.data")
@@ -36,12 +38,20 @@ GROW_BACKOFF_S = 1.0  # after the pool said no, wait this long before asking aga
 Group = tuple[int, ...]
 
 
-def _devices_from_env() -> tuple[int, ...]:
+@dataclass(frozen=True)
+class Placement:
+    """Where an attempt's allocation is in the host pool: what the run's worker hands
+    the step's context (``ctx.placement``) from its controller's record."""
+
     # The allocation's devices in the pool; on Ray they are the cluster's GPUs as the pool
-    # counts them (Ray picks the physical ones), and SEGUE_DEVICES is what Ray gave this
-    # process (none: its sub-workers hold the GPUs).
-    raw = os.environ.get("SEGUE_POOL_DEVICES", os.environ.get("SEGUE_DEVICES", "")).strip()
-    return tuple(int(x) for x in raw.split(",") if x.strip()) if raw else ()
+    # counts them (Ray picks the physical ones; its sub-workers hold the GPUs).
+    devices: tuple[int, ...] = ()
+    home: str | None = None  # how the pool names the run's home
+    host: str | None = None  # the pool host the attempt was placed on
+    # The host pool's handle, opened when first needed (an elastic step's), and how it
+    # is named in messages. This layer never opens a pool itself.
+    open_pool: Callable[[], Any] | None = None
+    pool_name: str = ""
 
 
 class Scaler:
@@ -50,7 +60,7 @@ class Scaler:
     def __init__(self, ctx: Any, low: int, high: int, *, devices: tuple[int, ...] | None = None,
                  pool: Any = None, home: str | None = None, host: str | None = None) -> None:
         self.ctx, self.low, self.high = ctx, low, high
-        devs = _devices_from_env() if devices is None else devices
+        devs = devices or ()
         self.per_worker = len(devs) // low if devs and len(devs) % low == 0 else 0
         if devs and not self.per_worker:
             # Devices that do not divide among the sub-workers: all of them see all.
@@ -63,17 +73,18 @@ class Scaler:
 
     @classmethod
     def for_attempt(cls, ctx: Any, low: int, high: int) -> Scaler:
+        """The scaler of the attempt ``ctx`` runs, by the placement its worker handed it
+        (a bare context without one: no devices, no pool)."""
+        placed: Placement = getattr(ctx, "placement", None) or Placement()
         pool = None
-        path, home = os.environ.get("SEGUE_POOL"), os.environ.get("SEGUE_POOL_HOME")
-        if high > low and path and home:
-            from ..store.pools import open_pool
-
+        home = placed.home
+        if high > low and placed.open_pool is not None and home:
             try:
-                pool = open_pool(path)
+                pool = placed.open_pool()
             except Exception as exc:  # noqa: BLE001 - without the pool the step keeps its size
                 log.warning("step %s cannot open the host pool %s (%s); it keeps %d sub-workers",
-                            getattr(ctx, "step", "?"), path, exc, low)
-        return cls(ctx, low, high, pool=pool, home=home, host=os.environ.get("SEGUE_HOST"))
+                            getattr(ctx, "step", "?"), placed.pool_name, exc, low)
+        return cls(ctx, low, high, devices=placed.devices, pool=pool, home=home, host=placed.host)
 
     @property
     def elastic(self) -> bool:

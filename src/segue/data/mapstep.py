@@ -66,7 +66,7 @@ class MapStep:
         return lambda batch, model, params: fn(batch, model)
 
     def run(self, ctx: Any) -> dict[str, Any]:
-        from .driver import READ_BATCH, effective_read_batch, home_dir
+        from .driver import READ_BATCH, effective_read_batch, home_dir, store_of
         from .runmap import run_map
         from .subworker import Recipe
 
@@ -76,7 +76,7 @@ class MapStep:
             # load_flow compiles the file under its resolved path: that is co_filename.
             path = os.path.abspath(self.fn.__code__.co_filename)
             recipe = Recipe(ctx.run_id, ctx.step, ctx.epoch, effective_read_batch(op, READ_BATCH),
-                            dict(ctx.params), flow_path=path, home=home_dir(ctx))
+                            dict(ctx.params), flow_path=path, home=home_dir(ctx), store=store_of(ctx))
         return run_map(ctx, src, op, snk, dead_letter=dead, max_failures=self.max_failures,
                        max_failure_rate=self.max_failure_rate, workers=self.workers, recipe=recipe)
 

@@ -4,7 +4,10 @@ An operator turns one unit of input (a batch read from a shard) into output
 records plus the failures (input index, record, error). A failing record
 never stops the batch: it is set aside for the dead-letter sink, unless the
 error is the step's, not the record's (out of memory, a model that cannot
-load: :func:`step_error`), which fails the attempt instead. Outputs keep
+load: :func:`step_error`), which fails the attempt instead. A
+``map_batches`` function may also set one record of its batch aside itself by
+returning a :class:`Rejected` in its place (a generate handler does, for a
+request without a prompt or one too long for its memory budget). Outputs keep
 the input order, and ``origins`` says which input record each output came
 from (the external-call sink derives idempotency keys from it).
 """
@@ -20,6 +23,23 @@ from .sources.base import BadRecord
 
 KINDS = ("map", "filter", "flat_map", "map_batches")
 _FAILED = object()
+
+
+class Rejected:
+    """An output of a ``map_batches`` function standing for one input record that goes to the
+    dead-letter sink with ``reason`` (one line), while the rest of the batch goes on.
+
+    ``record`` is the input record itself (found in the batch by identity), or
+    ``index`` says where it sits in the batch the function received.
+    """
+
+    __slots__ = ("record", "reason", "index")
+
+    def __init__(self, record: Any, reason: str, index: int | None = None) -> None:
+        self.record, self.reason, self.index = record, reason, index
+
+    def __repr__(self) -> str:
+        return f"Rejected({self.reason!r})"
 
 
 @dataclass
@@ -78,6 +98,8 @@ class Operator:
             err = f"{type(exc).__name__}: {exc}"
             return Result([], failures + [(i, r, err) for i, r in enumerate(records)
                                           if type(r) is not BadRecord], [] if want_origins else None)
+        if any(type(o) is Rejected for o in outs):
+            outs = _set_aside(outs, records, good, failures)
         origins = [(0, j) for j in range(len(outs))] if want_origins else None
         return Result(outs, failures, origins)
 
@@ -86,6 +108,24 @@ class Operator:
         close = getattr(self.fn, "close", None)
         if callable(close):
             close()
+
+
+def _set_aside(outs: list[Any], records: Sequence[Any], good: list[Any],
+               failures: list[tuple[int, Any, str]]) -> list[Any]:
+    """Move the :class:`Rejected` outputs into ``failures`` (at their record's index in
+    ``records``, in order); the other outputs, in order."""
+    where = {id(r): i for i, r in enumerate(records)}
+    kept = []
+    for o in outs:
+        if type(o) is not Rejected:
+            kept.append(o)
+            continue
+        i = where.get(id(o.record))
+        if i is None and o.index is not None and 0 <= o.index < len(good):
+            i = where.get(id(good[o.index]), o.index)
+        failures.append((i if i is not None else 0, o.record, o.reason))
+    failures.sort(key=lambda f: f[0])
+    return kept
 
 
 def step_error(exc: BaseException) -> bool:

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..executor.pool import ConnectionPool, SubWorkerLost, SubWorkerPool
+from ..executor.ray_attempt import RayAttempt
 
 log = logging.getLogger("segue.data")
 
@@ -101,14 +102,22 @@ class LocalProcessPool(ConnectionPool):
 
 
 def default_pool(noun: str, *, target: Callable[..., None] | None = None, resources: Any = None,
-                 gang: int = 0) -> SubWorkerPool:
+                 gang: int = 0, ray: RayAttempt | None = None) -> SubWorkerPool:
     """Where this attempt's members run: beside it, or, for an attempt that runs on
-    Ray (``$SEGUE_RAY_ATTEMPT``), as Ray actors of their own on any node
-    (segue.executor.ray_pool; ``resources``: one member's, ``gang``: a gang's size,
-    placed together)."""
-    address = os.environ.get("SEGUE_RAY_ATTEMPT")
-    if address:
+    Ray (``ray``: what its node's actor told the worker), as Ray actors of their own
+    on any node (segue.executor.ray_pool; ``resources``: one member's, ``gang``: a
+    gang's size, placed together). The run's worker binds ``ray`` and hands the
+    factory to the step's context (``ctx.pool_factory``); this layer reads no
+    environment."""
+    if ray is not None:
         from ..executor.ray_pool import RayProcessPool
 
-        return RayProcessPool(noun, address=address, resources=resources, gang=gang)
+        return RayProcessPool(noun, attempt=ray, resources=resources, gang=gang)
     return LocalProcessPool(target=target, noun=noun)
+
+
+def pool_for(ctx: Any, noun: str, **kw: Any) -> SubWorkerPool:
+    """The members' pool of the attempt ``ctx`` runs: by the factory its worker handed
+    the context, else beside this process (a bare context: a direct ``run_map``)."""
+    factory = getattr(ctx, "pool_factory", None) or default_pool
+    return factory(noun, **kw)

@@ -3,10 +3,11 @@
 A ``@flow.map`` step declares its source and sinks (objects, or builders of
 the step context); with the run id and parameters known at submit, ``segue
 run`` can build them, list the source's files (a path, directory or glob
-that names no file) and ask each sink whether its output belongs to another
-run, so the refusal is exit 2 with nothing written instead of a failed run
-(or one that "succeeds" with 0 records). Steps that build them inside the
-step function are checked at their start.
+that names no file) or probe its broker (a queue source's ``probe``), and
+ask each sink whether its output belongs to another run, so the refusal is
+exit 2 with nothing written instead of a failed run (or one that "succeeds"
+with 0 records). Steps that build them inside the step function are
+checked at their start.
 """
 
 from __future__ import annotations
@@ -65,14 +66,23 @@ def declared_source(decl: Any, run_id: str, step: str, params: Mapping[str, Any]
 
 
 def check_source(decl: Any, run_id: str, step: str, params: Mapping[str, Any]) -> None:
-    """UsageError if the declared file source's path, directory or glob names no file.
+    """UsageError if the declared file source's path, directory or glob names no file, or
+    if a declared queue source's broker cannot be reached, refuses the login or lacks the queue.
 
     Listing only, and local paths only: a remote URL could stall ``segue run``
-    on the network; its step's first snapshot makes the same check.
+    on the network; its step's first snapshot makes the same check. A queue
+    source is probed with one connection (``probe()``), closed again.
     """
     from .sources.files import FileSource, list_files
 
     src = declared_source(decl, run_id, step, params)
+    probe = getattr(src, "probe", None)  # a queue: its broker, credentials and queue
+    if probe is not None:
+        try:
+            probe()
+        except (DataError, ConnectionError) as exc:
+            raise UsageError(f"step {step!r}: {exc}") from None
+        return
     if not isinstance(src, FileSource):
         return
     urls = [src.urls] if isinstance(src.urls, str | os.PathLike) else list(src.urls)

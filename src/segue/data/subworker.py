@@ -64,6 +64,9 @@ class Recipe:
     flow_path: str | None = None
     pickled: bytes | None = None
     home: str = ".segue"  # the run's home: where the default dead letters go
+    # The home's store as the attempt was told it (None: the home's own choice); not in
+    # the repr, a URL may hold a password.
+    store: str | None = field(default=None, repr=False)
 
     def build(self) -> tuple[Any, Any, Any, Any]:
         if self.pickled is not None:
@@ -91,7 +94,7 @@ class _RebuildContext:
     def __init__(self, r: Recipe) -> None:
         self.run_id, self.step, self.epoch, self.attempt = r.run_id, r.step, r.epoch, r.epoch
         self.params = dict(r.params)
-        self.home = r.home
+        self.home, self.store_url = r.home, r.store
         self._store: Any = None
 
     def record_event(self, kind: str, reason: str, *, data: Any = None, stats: Any = None) -> None:
@@ -99,7 +102,7 @@ class _RebuildContext:
         from ..states import Actor
 
         if self._store is None:
-            self._store = Home.resolve(self.home).open_store()
+            self._store = Home.resolve(self.home, store=self.store_url).open_store()
         self._store.append_event(self.run_id, kind, actor=Actor.WORKER, step=self.step, reason=reason,
                                  data=dict(data) if data is not None else None)
         if stats:
@@ -219,9 +222,7 @@ def main(conn: Connection, parent_pid: int, index: int, recipe: Recipe,
     die_with_parent(parent_pid, 3)
     if devices:
         # Before anything imports a framework: CUDA reads it once, at initialisation.
-        visible = ",".join(str(d) for d in devices)
-        os.environ["CUDA_VISIBLE_DEVICES"] = visible
-        os.environ["SEGUE_DEVICES"] = visible
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in devices)
     worker = None
     try:
         worker = _SubWorker(conn, parent_pid, index, recipe)

@@ -11,6 +11,7 @@ import signal
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..flow.model import Resources
 
@@ -24,12 +25,16 @@ class Launch:
     step: str
     epoch: int
     log_path: Path
-    env: dict[str, str]
+    env: dict[str, str]  # variables of other tools the worker needs (CUDA_VISIBLE_DEVICES); no SEGUE_*
     # For executors that place attempts themselves (Ray): the flow's file (its
     # source travels by content), the step's resources and its gang's size.
     flow_path: str = ""
     resources: Resources = field(default_factory=Resources)
     world_size: int = 1
+    # The controller's options record for the worker (segue.run.worker_options, its JSON
+    # form): the executor hands it to the worker as one JSON line on its stdin, never
+    # through the environment. Opaque here, but for the Ray executor's "ray" entry.
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def warm_members(spec: Launch) -> int:

@@ -18,8 +18,8 @@ runs; its exit report comes back with its exit code.
 A data step's sub-workers and a gang's ranks are actors of their own
 (executor.ray_pool); the attempt's actor then holds only its CPUs. A data
 step with a fixed number of sub-workers has them *warmed*: their actors are
-created with the attempt's, under names derived from it ($SEGUE_RAY_WARM
-tells the worker which), and their processes start importing at once, so
+created with the attempt's, under names derived from it (the worker's options
+record names them: executor.ray_attempt), and their processes start importing at once, so
 that Ray's worker start-up runs beside the attempt's instead of after it.
 The attempt's handle ends them with the attempt.
 
@@ -55,10 +55,8 @@ DRAIN_TIMEOUT_S = 30.0
 KILL_DRAIN_S = 3.0  # how long a kill waits for the output the worker wrote until then
 PROBE_TIMEOUT_S = 5.0
 RAY_ENV = "SEGUE_RAY_ENV"  # the names of more variables a worker on Ray gets
-WARM_ENV = "SEGUE_RAY_WARM"  # the names of an attempt's warmed sub-worker actors, comma-separated
-# Settings of this host (or of one attempt's worker) that mean nothing on another node.
-_LOCAL = frozenset({"SEGUE_HOME", "SEGUE_FLOW_FILE", "SEGUE_DEVICES", "SEGUE_RAY_NODE_ID",
-                    "SEGUE_RAY_ATTEMPT", WARM_ENV})
+# Settings of this host (or of one attempt's member) that mean nothing on another node.
+_LOCAL = frozenset({"SEGUE_HOME", "SEGUE_FLOW_FILE", "SEGUE_RAY_NODE_ID"})
 
 # Python's name for "killed by SIGKILL": how a lost actor's attempt is reported.
 ACTOR_LOST = -int(signal.SIGKILL)
@@ -335,27 +333,22 @@ class RayExecutor(Executor):
     def launch(self, spec: Launch) -> RayHandle:
         cls = self._remote()
         ray = import_ray()
-        env = {**forwarded_env(), **{k: v for k, v in spec.env.items()
-                                     if k not in ("CUDA_VISIBLE_DEVICES", "SEGUE_DEVICES")}}
-        from ..store import store_url
-
-        url = store_url(Path(spec.home))
-        if url:  # a node that does not see the home still reaches the store
-            env["SEGUE_STORE"] = url
+        # The user's settings and the variables other tools need (Ray picks the GPUs);
+        # what the controller tells the worker travels in its options record, which
+        # names the store: a node that does not see the home still reaches it.
+        env = {**forwarded_env(), **{k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}}
         from .ray_node import flow_bundle
 
         bundle = flow_bundle(spec.flow_path)
         name = actor_name(spec.home, spec.run_id, spec.step, spec.epoch)
         warm = [member_name(name, i) for i in range(warm_members(spec))]
         member_env = forwarded_env(env)
-        if warm:
-            env[WARM_ENV] = ",".join(warm)
         opts = actor_options(spec.resources, spec.world_size)
         opts.update(name=name, namespace="segue")
         actor = cls.options(**opts).remote()
         ref = actor.run.remote(home=str(spec.home), run_id=spec.run_id, step=spec.step,
                                epoch=spec.epoch, env=env, flow=bundle,
-                               flow_name=Path(spec.flow_path).name)
+                               flow_name=Path(spec.flow_path).name, options=spec.options, warm=warm)
         # After the attempt's own actor, so that Ray starts its process first.
         members = [self._warm(spec, n, member_env, bundle) for n in warm]
         log.info("attempt %s epoch %d submitted to Ray (%s; %d warmed sub-workers)", spec.step, spec.epoch,

@@ -36,7 +36,14 @@ from typing import Any
 
 from .local_warm import MEMBER_TARGETS
 from .ray_lean import lean_serialization
-from .ray_node import LOG_CHUNK, _scratch, actor_child_environment, node_home, signal_child
+from .ray_node import (
+    LOG_CHUNK,
+    _scratch,
+    actor_child_environment,
+    node_home,
+    place_flow,
+    signal_child,
+)
 
 
 def _free_port() -> int:
@@ -80,9 +87,13 @@ class MemberActor:
                flow_name: str) -> subprocess.Popen[bytes]:
         import ray
 
-        child_env = actor_child_environment(env, flow, flow_name)
+        # This actor's own child learns its kind and place from it here (the member's
+        # entry point reads them: main, _localise); no controller's setting is among them.
+        child_env = actor_child_environment(env)
         child_env.update({"SEGUE_MEMBER_KIND": kind, "SEGUE_MEMBER_PARENT": str(os.getpid()),
-                          "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address()})
+                          "SEGUE_MEMBER_NODE": ray.util.get_node_ip_address(),
+                          "SEGUE_FLOW_FILE": str(place_flow(flow, flow_name)),
+                          "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id()})
         log = _scratch() / "logs" / f"member-{os.getpid()}.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "w+b") as out:  # (read back by read_log)
@@ -112,7 +123,7 @@ def _localise(recipe: Any) -> Any:
     if "flow_path" in names and recipe.flow_path:
         changes["flow_path"] = os.environ["SEGUE_FLOW_FILE"]
     if "home" in names:
-        where = node_home(recipe.home, dict(os.environ))
+        where = node_home(recipe.home, getattr(recipe, "store", None))
         if isinstance(where, str):
             raise RuntimeError(where)
         changes["home"] = str(where)

@@ -98,17 +98,15 @@ def child_environment(env: dict[str, str]) -> dict[str, str]:
     return {**ambient, **env}
 
 
-def actor_child_environment(env: dict[str, str], flow: dict[str, bytes],
-                            flow_name: str) -> dict[str, str]:
+def actor_child_environment(env: dict[str, str]) -> dict[str, str]:
     """The environment of the process an actor starts (a worker, a member): the
-    controller's settings (:func:`child_environment`), the flow placed on this node,
-    and exactly the devices Ray gave the actor."""
+    user's settings the controller forwarded (:func:`child_environment`) and exactly
+    the devices Ray gave the actor. What segue tells the process comes another way
+    (a worker: its options record on stdin)."""
     import ray
 
     gpus = ",".join(str(g) for g in ray.get_gpu_ids())
-    return {**child_environment(env), "CUDA_VISIBLE_DEVICES": gpus, "SEGUE_DEVICES": gpus,
-            "SEGUE_FLOW_FILE": str(place_flow(flow, flow_name)), "PYTHONUNBUFFERED": "1",
-            "SEGUE_RAY_NODE_ID": ray.get_runtime_context().get_node_id()}
+    return {**child_environment(env), "CUDA_VISIBLE_DEVICES": gpus, "PYTHONUNBUFFERED": "1"}
 
 
 def signal_child(proc: subprocess.Popen[bytes] | None, signum: int) -> bool:
@@ -143,10 +141,10 @@ def drain_log(ray: Any, actor: Any, offset: int, pending: Any, timeout: float,
     return False
 
 
-def node_home(home: str, env: dict[str, str]) -> Path | str:
+def node_home(home: str, store: str | None) -> Path | str:
     """The segue home a worker on this node uses, or one line on why there is none.
 
-    With a PostgreSQL store ($SEGUE_STORE, passed by the controller), a home of
+    With a PostgreSQL store (``store``: the controller's record names it), a home of
     this node's own: it then holds only the worker's scratch (its exit report),
     the store is reached by URL and checkpoints go where the run's
     --checkpoints URL says (required at submit). A directory at the controller's
@@ -157,7 +155,7 @@ def node_home(home: str, env: dict[str, str]) -> Path | str:
     from ..store import DB_NAME
 
     root = Path(home)
-    if not env.get("SEGUE_STORE"):
+    if not store:
         if (root / DB_NAME).exists():
             return root
         return (f"Ray node cannot see segue home {home} and the run's store is SQLite there; "
@@ -187,14 +185,20 @@ class AttemptActor:
                 "gpus": [str(g) for g in ray.get_gpu_ids()]}
 
     def run(self, *, home: str, run_id: str, step: str, epoch: int, env: dict[str, str],
-            flow: dict[str, bytes], flow_name: str) -> Outcome:
-        """Start the worker, wait for it, and return its exit code and report."""
+            flow: dict[str, bytes], flow_name: str, options: dict[str, Any] | None = None,
+            warm: list[str] | None = None) -> Outcome:
+        """Start the worker, hand it the controller's options record with what this node
+        adds (``"ray"``: executor.ray_attempt; ``warm``: the attempt's warmed sub-worker
+        actors), wait for it, and return its exit code and report."""
         import ray
 
         from ..executor.exits import exit_report_path
         from ..home import Home
+        from .local import write_options
+        from .ray_attempt import RayAttempt
 
-        where = node_home(home, env)
+        record = dict(options or {})
+        where = node_home(home, record.get("store"))
         if isinstance(where, str):  # this node cannot reach the run's store
             return {"code": 1, "report": {"error": where, "traceback": "", "retryable": False}}
         home = str(where)
@@ -202,19 +206,24 @@ class AttemptActor:
         log_dir.mkdir(parents=True, exist_ok=True)
         # Its own file (a run id and epoch may recur across homes and sessions).
         self._log = log_dir / f"{step}.e{epoch}.{uuid.uuid4().hex[:12]}.log"
-        child_env = actor_child_environment(env, flow, flow_name)
+        child_env = actor_child_environment(env)
+        ctx = ray.get_runtime_context()
         # The worker's members (sub-workers, ranks) become actors of this cluster.
-        child_env["SEGUE_RAY_ATTEMPT"] = ray.get_runtime_context().gcs_address
+        facts = RayAttempt(address=ctx.gcs_address, node_id=ctx.get_node_id(),
+                           flow_file=str(place_flow(flow, flow_name)),
+                           gpus=tuple(int(g) for g in ray.get_gpu_ids()), warm=tuple(warm or ()))
+        record["ray"] = facts.to_json()
         cmd = [sys.executable, "-m", "segue._worker_main", "--home", home, "--run", run_id,
-               "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid())]
+               "--step", step, "--epoch", str(epoch), "--parent-pid", str(os.getpid()), "--options-stdin"]
         with open(self._log, "wb") as out:
-            out.write(f"segue: attempt epoch {epoch} on Ray node {child_env['SEGUE_RAY_NODE_ID']} "
-                      f"(actor pid {os.getpid()}, devices [{child_env['SEGUE_DEVICES']}])\n".encode())
+            out.write(f"segue: attempt epoch {epoch} on Ray node {facts.node_id} "
+                      f"(actor pid {os.getpid()}, devices [{child_env['CUDA_VISIBLE_DEVICES']}])\n".encode())
             out.flush()
             with self._lock:
                 self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                              stdin=subprocess.DEVNULL, env=child_env,
+                                              stdin=subprocess.PIPE, env=child_env,
                                               start_new_session=True)
+                write_options(self._proc, record)
         code = self._proc.wait()
         report = None
         path = exit_report_path(Home.resolve(home), run_id, step, epoch)

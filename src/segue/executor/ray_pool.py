@@ -10,7 +10,8 @@ then speak the same protocol as local sub-workers over their pipes (a
 :class:`~segue.executor.doorman.Doorman` greets each in a thread of its own, so
 a caller that connects and says nothing holds up no member). A data
 step's sub-workers may already be up: the controller warmed them with the
-attempt (executor.ray, $SEGUE_RAY_WARM), and the pool takes those by name.
+attempt (executor.ray; their names come in the worker's options record,
+segue.executor.ray_attempt), and the pool takes those by name.
 
 A member is lost when its connection ends without its last word, or when
 Ray reports its actor dead (a node lost without closing its sockets); the
@@ -35,7 +36,8 @@ from typing import Any
 
 from .doorman import Doorman
 from .pool import ConnectionPool, SubWorkerLost
-from .ray import WARM_ENV, connect, forwarded_env
+from .ray import connect, forwarded_env
+from .ray_attempt import RayAttempt
 from .ray_member import member_options
 from .ray_node import drain_log, flow_bundle
 
@@ -54,20 +56,20 @@ CHECK_EVERY_S = 0.1
 class RayProcessPool(ConnectionPool):
     """Members as Ray actors; ``resources``: one member's (flow.model.Resources)."""
 
-    def __init__(self, noun: str, *, address: str, resources: Any = None, gang: int = 0) -> None:
+    def __init__(self, noun: str, *, attempt: RayAttempt, resources: Any = None, gang: int = 0) -> None:
         super().__init__(noun)
         from .ray_member import MemberActor
 
-        self._ray = connect(address)
+        self._ray = connect(attempt.address)
         self._cls = self._ray.remote(MemberActor)
         self._key = secrets.token_bytes(32)
-        self._flow = Path(os.environ.get("SEGUE_FLOW_FILE") or "")
+        self._flow = Path(attempt.flow_file or "")
         self._bundle = flow_bundle(self._flow) if self._flow.is_file() else {}
         self._opts = member_options(resources)
         self._place_timeout = float(os.environ.get(PLACE_TIMEOUT_ENV, PLACE_TIMEOUT_S))
         self._gang = gang
         # Warmed by the controller (index -> actor name), each taken once.
-        self._warm = dict(enumerate(n for n in os.environ.get(WARM_ENV, "").split(",") if n))
+        self._warm = dict(enumerate(n for n in attempt.warm if n))
         self._warmed: set[int] = set()
         self._pg: Any = None
         self._actors: dict[int, Any] = {}

@@ -5,7 +5,10 @@ through it at each batch size (ascending) and records the load time and
 memory, and per batch size the peak memory, first-batch latency, steady
 throughput, p50/p95 batch latency and cost per thousand items. The result is a
 version-1 profile (:mod:`segue.inference.profiles`, format in
-docs/inference.md) with the recommended batch: :func:`recommend`.
+docs/inference.md) with the recommended batch: :func:`recommend`. A generate
+handler is measured per batch size by :mod:`segue.inference.bench_generate`
+instead (time to first token, prefill and decode tokens/s, cost per million
+tokens; recommended by tokens/s).
 
 Peak memory, per device:
 
@@ -45,6 +48,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..units import UNITS, in_unit
+from . import bench_generate
+from .capacity import cpu_capacity as cpu_capacity
+from .capacity import device_capacity as _capacity
 from .handler import ModelHandler
 from .profiles import PROFILE_VERSION, device_type_of
 from .stability import MAX_SPREAD, again, p95, settle
@@ -234,27 +240,6 @@ class CudaMemory:
         return out
 
 
-def cpu_capacity() -> tuple[int, str]:
-    """The machine's memory, or the cgroup's limit when lower: (bytes, where from)."""
-    kib = None
-    try:
-        m = re.search(r"^MemTotal:\s+(\d+) kB", Path("/proc/meminfo").read_text(), re.M)
-        kib = int(m.group(1)) if m else None
-    except OSError:
-        pass
-    best = (kib * 1024, "MemTotal") if kib else (0, "unknown")
-    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
-        try:
-            text = Path(path).read_text().strip()
-        except OSError:
-            continue
-        if text.isdigit() and (best[0] == 0 or int(text) < best[0]):
-            best = (int(text), f"cgroup {path}")
-    if best[0] == 0:
-        raise UsageError("cannot tell this machine's memory (no /proc/meminfo nor cgroup limit)")
-    return best
-
-
 def cores_used() -> int:
     """CPU cores the measurement keeps busy: torch's intra-op threads, within this process's CPUs."""
     try:
@@ -279,21 +264,22 @@ def device_price(home_root: Path | None, device_type: str, cores: int) -> tuple[
 
 # -- the recommendation --------------------------------------------------------------------
 def recommend(batches: Sequence[Mapping[str, Any]], capacity_bytes: int,
-              slack: float = SLACK) -> int | None:
+              slack: float = SLACK, key: str = "items_per_s") -> int | None:
     """The batch size that is cheapest per item among those whose peak stays under
     ``(1 - slack) * capacity_bytes``; None when none does.
 
-    At one device price the cheapest per item is the highest items/s; a tie
-    goes to the smaller batch (less memory, shorter latency). A batch's peak is
+    At one device price the cheapest per item is the highest items/s (``key``;
+    a generate handler's profile ranks by ``tokens_per_s``, the cheapest per
+    token); a tie goes to the smaller batch (less memory, shorter latency). A batch's peak is
     the largest of its measured figures (``peak_bytes``, and on CUDA the
     reserved peak and NVML's used memory, which count the allocator's cache and
     the CUDA context).
     """
     usable = capacity_bytes * (1 - slack)
-    fitting = [b for b in batches if _device_peak(b) <= usable and b.get("items_per_s")]
+    fitting = [b for b in batches if _device_peak(b) <= usable and b.get(key)]
     if not fitting:
         return None
-    best = max(fitting, key=lambda b: (float(b["items_per_s"]), -int(b["batch_size"])))
+    best = max(fitting, key=lambda b: (float(b[key]), -int(b["batch_size"])))
     return int(best["batch_size"])
 
 
@@ -347,6 +333,7 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
     t0 = clock()
     raw = handler.load_model()
     load_s = clock() - t0
+    generate = bench_generate.is_generate(handler)
     after = mem.current()
     load_peak = mem.peak()["peak_bytes"]
     try:
@@ -359,8 +346,14 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
             price_per_hour, source = device_price(home_root, device_type, cores)
         results = []
         for b in sizes:
-            r = _measure_batch(handler, raw, mem, pool, b, max(math.ceil(items / b), MIN_BATCHES),
-                               clock)
+            n_batches = max(math.ceil(items / b), MIN_BATCHES)
+            if generate:  # time to first token, prefill and decode tokens/s (bench_generate)
+                r = bench_generate.measure_batch(handler, raw, mem, pool, b, n_batches, clock,
+                                                 _sync(device))
+                r["cost_per_million_tokens"] = bench_generate.cost_per_million_tokens(
+                    price_per_hour, r["tokens_per_s"])
+            else:
+                r = _measure_batch(handler, raw, mem, pool, b, n_batches, clock)
             r["cost_per_1k_items"] = _cost(price_per_hour, r["items_per_s"])
             results.append(r)
             if on_batch is not None:
@@ -381,11 +374,16 @@ def measure(handler: ModelHandler[Any], *, batch_sizes: Sequence[int] = DEFAULT_
             "items": items, "input": "given" if inputs is not None else "generated",
             "batches": results,
             "stable": all(r["stable"] for r in results), "max_spread": MAX_SPREAD,
-            "recommended_batch_size": recommend(results, capacity),
-            "recommendation": f"highest items/s (cheapest per item) among batch sizes whose peak "
-                              f"is under {1 - SLACK:.0%} of capacity",
+            "recommended_batch_size": recommend(results, capacity,
+                                                key="tokens_per_s" if generate else "items_per_s"),
+            "recommendation": bench_generate.RECOMMENDATION.format(pct=f"{1 - SLACK:.0%}") if generate
+            else f"highest items/s (cheapest per item) among batch sizes whose peak "
+                 f"is under {1 - SLACK:.0%} of capacity",
             "measured_at": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         }
+        if generate:
+            profile["kind"] = bench_generate.KIND
+            profile["max_new_tokens"] = handler.options.max_new_tokens  # type: ignore[attr-defined]
     finally:
         handler.release(raw)
     return profile
@@ -443,15 +441,6 @@ def _sync(device: str) -> Callable[[], None]:
     import torch
 
     return torch.cuda.synchronize
-
-
-def _capacity(device: str) -> tuple[int, str]:
-    if not device.startswith("cuda"):
-        return cpu_capacity()
-    import torch
-
-    index = int(device.split(":", 1)[1]) if ":" in device else torch.cuda.current_device()
-    return int(torch.cuda.get_device_properties(index).total_memory), "cuda total_memory"
 
 
 def _device_name(device: str) -> str:
@@ -530,7 +519,10 @@ def planner_curve(handler: ModelHandler[Any], profile: Mapping[str, Any]) -> dic
 def plot(profile: Mapping[str, Any], path: str | os.PathLike[str],
          prediction: Mapping[str, Any]) -> None:
     """A PNG: items/s (left axis) and peak memory (right axis, log) against batch size, with the
-    device's capacity and the planner's prediction."""
+    device's capacity and the planner's prediction (a generate profile: ``bench_generate.plot``)."""
+    if profile.get("kind") == bench_generate.KIND:
+        bench_generate.plot(profile, os.fspath(path), SLACK)
+        return
     import matplotlib
 
     matplotlib.use("Agg")

@@ -4,8 +4,10 @@ The data layer calls a session like a ``map_batches`` function; the session
 loads the handler's model the first time (never per record or per batch),
 hands ``fn(batch, model, params)`` the loaded model, and on :meth:`close`
 releases it (a pause parks the step only after its device memory is given
-back). Every load is recorded: an event on the run (load seconds, bytes,
-device) and the run's counters ``model_loads``/``model_load_s``, and for a load
+back), recording what a generate handler decoded in the attempt (its
+sub-batches' shapes against its KV budget: one event of kind ``generate``).
+Every load is recorded: an event on the run (load seconds, bytes, device)
+and the run's counters ``model_loads``/``model_load_s``, and for a load
 in any attempt after the first, the cold-start cost an interruption caused,
 ``model_reloads``/``model_reload_s``/``model_reload_bytes`` (docs/accounting.md).
 """
@@ -41,9 +43,10 @@ class ModelSession:
     def segue_begin_unit(self, resumed: Any, offer: Callable[[Any], None]) -> None:
         """The data driver starts a batch: what a previous attempt saved of it, and how to
         offer a checkpoint inside it (a generate handler does, between tokens)."""
+        from ..data.driver import home_dir
         from .unit import UnitState
 
-        self.unit = UnitState(resumed, offer)
+        self.unit = UnitState(resumed, offer, home_dir(self.ctx))
         if self.loaded is not None:
             self.loaded.unit = self.unit
 
@@ -92,6 +95,10 @@ class ModelSession:
             self._event(f"model {self.handler.name} released: device memory reserved "
                         f"{before / 2**20:.0f} MiB -> {after / 2**20:.0f} MiB",
                         {"reserved_before": before, "reserved_after": after})
+        report = getattr(self.handler, "segue_batch_report", None)  # a generate handler's sub-batches
+        got = report() if callable(report) else None
+        if got is not None:
+            self._event(got[0], {"handler": self.handler.name, **got[1]}, kind="generate")
 
     # -- records --------------------------------------------------------------------
     def _record_load(self, seconds: float, nbytes: int | None, device: str) -> None:
@@ -108,11 +115,12 @@ class ModelSession:
                     {"handler": h.name, "version": h.version, "device": device, "seconds": round(seconds, 4),
                      "bytes": nbytes, "reload": reload, "attempt": attempt}, stats)
 
-    def _event(self, reason: str, data: dict[str, Any], stats: dict[str, float] | None = None) -> None:
+    def _event(self, reason: str, data: dict[str, Any], stats: dict[str, float] | None = None,
+               kind: str = "model") -> None:
         log.info("step %s: %s", getattr(self.ctx, "step", "?"), reason)
         record = getattr(self.ctx, "record_event", None)
         if record is not None:  # a step context, or a sub-worker's rebuilt one (data.subworker)
-            record("model", reason, data=data, stats=stats)
+            record(kind, reason, data=data, stats=stats)
 
 
 def _cuda_reserved() -> int | None:

@@ -7,6 +7,8 @@ each batch a :class:`UnitState` holding what a previous attempt saved of that
 same batch (``resumed``) and an ``offer`` that commits a checkpoint, with
 :attr:`UnitState.saved` as the batch's partial state, when one is due. The
 state is plain JSON keyed by request id, so it survives any process.
+``home`` is the run's home directory (where a handler finds its measured
+profile), or None outside a step.
 """
 
 from __future__ import annotations
@@ -18,12 +20,14 @@ from typing import Any
 class UnitState:
     """The partial state of the batch in flight: ``{request id: what the handler saved}``."""
 
-    __slots__ = ("resumed", "saved", "_offer")
+    __slots__ = ("resumed", "saved", "_offer", "home")
 
-    def __init__(self, resumed: Mapping[str, Any] | None, offer: Callable[[dict[str, Any]], None] | None) -> None:
+    def __init__(self, resumed: Mapping[str, Any] | None, offer: Callable[[dict[str, Any]], None] | None,
+                 home: str | None = None) -> None:
         self.resumed: dict[str, Any] = dict(resumed or {})
         self.saved: dict[str, Any] = dict(self.resumed)
         self._offer = offer
+        self.home = home
 
     def get(self, rid: str) -> Any | None:
         """What a previous attempt saved for request ``rid`` of this batch, if anything."""

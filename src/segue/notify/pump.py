@@ -101,7 +101,7 @@ class Pump:
     @property
     def outbox(self) -> SQLiteOutbox | PostgresOutbox:
         if self._box is None:
-            self._box = open_outbox(self.home.root, clock=self._clock)  # the home's backend
+            self._box = open_outbox(self.home.root, clock=self._clock, url=self.home.store)  # the home's backend
         return self._box
 
     def clock(self) -> float:
@@ -118,7 +118,7 @@ class Pump:
         if name not in WITH_ERRORS:
             return {}
         if self._store is None:
-            self._store = open_store(self.home.root)
+            self._store = open_store(self.home.root, self.home.store)
         return step_errors(self._store, e)
 
     def drain(self, seconds: float, *, once: Callable[[float], PumpResult | None] | None = None,

@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import _faults
 from .. import checkpoint as ckpt
@@ -31,6 +31,10 @@ from ..store.base import Store
 from . import rng
 from .metrics import MetricsBuffer, TensorBoardExport, check_points
 from .restart import no_valid_checkpoint, restart_floor
+
+if TYPE_CHECKING:
+    from ..data.elastic import Placement
+    from ..executor.pool import SubWorkerPool
 
 log = logging.getLogger("segue.step")
 
@@ -113,8 +117,15 @@ class StepContext:
         previous_progress: tuple[float | None, float | None] | None = None,
         home: Home | None = None,
         options: Mapping[str, Any] | None = None,
+        placement: Placement | None = None,
+        pool_factory: Callable[..., SubWorkerPool] | None = None,
     ) -> None:
         self.run_id = run_id
+        # What the worker was told by its controller's record (run.worker_options), for
+        # a data step's sub-workers: its allocation in the host pool, and where its
+        # members run (beside it, or as Ray actors). segue.data takes them from here.
+        self.placement = placement
+        self.pool_factory = pool_factory
         # The run's home (where its default dead letters go) and its stored
         # options (RunOptions.to_json()): a step reads what the run was created
         # or resumed with, never the environment of whichever process started it.

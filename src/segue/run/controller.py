@@ -25,7 +25,7 @@ from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..executor.exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
 from ..flow.model import StepSpec
 from ..home import Home
-from ..hostname import this_host
+from ..hostname import given_host, this_host
 from ..scheduler.agent import RunScheduler
 from ..states import Actor, RunState, TaskState
 from ..store.base import Clock, RunRecord, Store, TaskRecord
@@ -37,6 +37,7 @@ from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
 from .recovery import attempt_start, describe_exit, last_alive, reclaim_orphan
 from .spawn import spawn_detached
 from .storage_check import shared_storage
+from .worker_options import WorkerOptions
 
 log = logging.getLogger("segue.controller")
 # How long a worker an executor started elsewhere (Ray) may take to record its pid
@@ -123,6 +124,9 @@ class Controller:
         _faults.set_role("controller")
         self._now: Clock = self.clock or self.store.now
         self.host = this_host()
+        # The store every worker is told (resolved once: an explicit one, $SEGUE_STORE or
+        # the home's config; None for SQLite in the home).
+        self._store_url = self.home.store_url()
         self._prev_host: str | None = None
         self.epoch = 0
         self.attempts: dict[str, _Attempt] = {}
@@ -134,7 +138,7 @@ class Controller:
         self.options = RunOptions.from_json(run.options)
         self.flow_path = run.flow_path  # an executor that places attempts elsewhere ships it
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
-        pool = open_pool(self.pool_path or pool_path(self.home.root), store=self.store)
+        pool = open_pool(self.pool_path or pool_path(self.home.root, store=self.home.store), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),
@@ -145,13 +149,13 @@ class Controller:
             priority=self.options.priority, preemptible=self.options.is_preemptible,
             max_pause_s=self.options.max_pause_s, lease_ttl_s=self.options.lease_ttl_s,
             gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
-            spawn=self._spawn_controller,
+            spawn=self._spawn_controller, store_url=self.home.store,
         )
 
     def _spawn_controller(self, home: str, run_id: str) -> None:
         # A run of this store (every run of a cluster's store has its key) is this home's.
-        spawn_detached(self.home if home == self.sched.home else Home.resolve(home), run_id,
-                       pool=self.pool_path)
+        spawn_detached(self.home if home == self.sched.home else Home.resolve(home, store=self.home.store),
+                       run_id, pool=self.pool_path)
 
     # -- ownership -----------------------------------------------------------
     def acquire(self) -> None:
@@ -563,13 +567,16 @@ class Controller:
         handle = self.executor.launch(Launch(
             home=self.home.root, run_id=self.run_id, step=step, epoch=rec.epoch,
             log_path=attempt_log_path(self.home, self.run_id, step, rec.epoch),  # `segue logs`
-            # A task sees exactly its own devices (none for a CPU step); an elastic map
-            # step also finds its allocation in the pool (segue.data.elastic).
-            env={"CUDA_VISIBLE_DEVICES": devices, "SEGUE_DEVICES": devices, "SEGUE_POOL_DEVICES": devices,
-                 "SEGUE_POOL": str(self.sched.pool.path), "SEGUE_POOL_HOME": self.sched.home,
-                 "SEGUE_HOST": self.sched.host},
+            # A task sees exactly its own devices (none for a CPU step).
+            env={"CUDA_VISIBLE_DEVICES": devices},
             flow_path=self.flow_path,
             resources=self.steps[step].resources, world_size=self.steps[step].world_size,
+            # Everything else the worker is told, in one record (run.worker_options); an
+            # elastic map step finds its allocation in the pool by it (segue.data.elastic).
+            options=WorkerOptions(
+                store=self._store_url, host=given_host(), devices=tuple(placed.devices),
+                pool=str(self.sched.pool.path), pool_home=self.sched.home, pool_host=self.sched.host,
+            ).to_json(),
         ))
         self.attempts[step] = _Attempt(step, rec.epoch, handle, time.monotonic(), time.time())
         if handle.pid is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -11,6 +12,7 @@ from ..errors import SegueError
 from ..executor.ray_lean import own_process
 from ..flow import load_flow
 from ..home import Home
+from ..hostname import use_host
 from ..states import Actor, RunState
 from . import ops
 from .controller import Interrupts
@@ -27,10 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--claim-epoch", type=int, default=None,
                    help="a host agent's claim: take the controller lease over only at this epoch")
     p.add_argument("--prev-host", default=None, help="the host of the controller the agent replaced")
+    p.add_argument("--host", default=None, help="this host's name (default $SEGUE_HOST_ID, else the hostname)")
+    p.add_argument("--store-stdin", action="store_true",
+                   help="read the home's store from stdin: one JSON line {\"store\": URL} (run.spawn)")
     a = p.parse_args(argv)
     claim = None if a.claim_epoch is None else (a.claim_epoch, a.prev_host)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    home = Home.resolve(a.home)
+    if a.host:
+        use_host(a.host)  # before anything records this host's name
+    store_url = json.loads(sys.stdin.readline())["store"] if a.store_stdin else None
+    home = Home.resolve(a.home, store=store_url)
     store = home.open_store()
     interrupts = Interrupts()
     # SIGTERM to a detached controller: pause gracefully (like a first ctrl-c).

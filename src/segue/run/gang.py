@@ -61,9 +61,10 @@ from typing import Any, cast
 from .. import _faults
 from .. import checkpoint as ckpt
 from .._park import Park
-from ..data.pool import default_pool
+from ..data.pool import pool_for
 from ..errors import CheckpointCorruptError, SegueError
 from ..executor.pool import SubWorkerPool
+from ..home import Home
 from ..states import Actor
 from ..store.base import Store
 from .context import StepContext
@@ -101,13 +102,17 @@ class Gang:
     """Runs one attempt of a gang step; :meth:`run` returns the reference of the output
     rank 0 saved (None if it returned None), or raises Park."""
 
-    def __init__(self, ctx: StepContext, store: Store, storage: ckpt.CheckpointStorage, *, home: str,
-                 devices: list[int] | None = None, pool: SubWorkerPool | None = None) -> None:
+    def __init__(self, ctx: StepContext, store: Store, storage: ckpt.CheckpointStorage, *, home: Home,
+                 devices: list[int] | None = None, pool: SubWorkerPool | None = None,
+                 flow_path: str = "") -> None:
         self.ctx, self.store, self.storage, self.home = ctx, store, storage, home
+        self.flow_path = flow_path  # the flow file the worker loaded (on Ray: this node's copy)
         self.n = ctx.spec.world_size
         self.devices = devices or []
-        self.pool = pool or default_pool("rank", target=rank_main, resources=ctx.spec.resources,
-                                         gang=self.n)
+        # Where the ranks run: by the factory the worker handed the context (beside this
+        # process, or as Ray actors), else beside this process.
+        self.pool = pool or pool_for(ctx, "rank", target=rank_main, resources=ctx.spec.resources,
+                                     gang=self.n)
         self.timeout = float(os.environ.get(VOTE_TIMEOUT_ENV, VOTE_TIMEOUT_S))
         self._shards: list[str] | None = None  # chosen at the first restore
         self._replicated = False  # ...and whether its state is rank 0's alone
@@ -121,7 +126,8 @@ class Gang:
     # -- the attempt ------------------------------------------------------------------
     def run(self) -> str | None:
         self._sweep()
-        recipe = RankRecipe(home=self.home, run_id=self.ctx.run_id, step=self.ctx.step,
+        recipe = RankRecipe(home=str(self.home.root), store=self.home.store, flow_path=self.flow_path,
+                            run_id=self.ctx.run_id, step=self.ctx.step,
                             epoch=self.ctx.epoch, world_size=self.n, master_port=_free_port(),
                             distributed=self.ctx.spec.distributed)
         per = len(self.devices) // self.n  # the allocation's devices, split evenly

@@ -151,18 +151,18 @@ def main(conn: Connection, parent_pid: int, rank: int, recipe: RankRecipe,
     for sig in (signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     if devices:  # before anything imports a framework: CUDA reads it once
-        os.environ["CUDA_VISIBLE_DEVICES"] = os.environ["SEGUE_DEVICES"] = ",".join(map(str, devices))
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(recipe.world_size),
                        "LOCAL_WORLD_SIZE": str(recipe.world_size), "MASTER_ADDR": recipe.master_addr,
                        "MASTER_PORT": str(recipe.master_port)})
     _faults.set_role(f"rank{rank}", recipe.epoch)
     leave: Callable[[], None] | None = None
     try:
-        home = Home.resolve(recipe.home)
+        home = Home.resolve(recipe.home, store=recipe.store)
         store = home.open_store()
         run = store.get_run(recipe.run_id)
         storage = home.run_storage(run)
-        loaded = load_flow(flow_file(run))
+        loaded = load_flow(flow_file(run, recipe.flow_path))
         spec = loaded.flow.steps[recipe.step]
 
         task = store.get_task(recipe.run_id, recipe.step)

@@ -7,7 +7,7 @@ Apart from ``run.gang`` (the coordinator, which starts the ranks) so a rank
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .. import checkpoint as ckpt
 from ..checkpoint.format import MANIFEST_NAME
@@ -32,6 +32,12 @@ class RankRecipe:
     master_port: int  # torch.distributed's rendezvous at master_addr
     distributed: str | None
     master_addr: str = "127.0.0.1"  # on Ray: rank 0's node (executor.ray_pool sets it)
+    # The flow file the worker loaded; on Ray, the copy placed on the rank's node
+    # (executor.ray_member sets it). "": the run's own.
+    flow_path: str = ""
+    # The home's store as the worker was told it (None: the home's own choice); not in
+    # the repr, a URL may hold a password.
+    store: str | None = field(default=None, repr=False)
 
 
 def shard_path(path: str, rank: int) -> str:

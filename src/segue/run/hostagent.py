@@ -43,7 +43,7 @@ from typing import Any
 from .._procs import pid_alive
 from ..errors import ControllerConflictError, FencedError, UnknownRunError
 from ..home import Home
-from ..hostname import ENV as HOST_ENV
+from ..hostname import use_host
 from ..states import RunState
 from ..store.base import RunRecord, Store
 from ..store.hostpool import home_key, pool_path
@@ -76,8 +76,8 @@ class HostAgent:
         return f"agent:{self.host}"
 
     def register(self) -> int:
-        """Register the host; every controller this process starts inherits its name."""
-        os.environ[HOST_ENV] = self.host
+        """Register the host; every controller this agent starts is told its name."""
+        use_host(self.host)  # this process's own judgements of "this host" (ops, recovery)
         old = next((h for h in self.store.list_hosts() if h.host == self.host), None)
         # The same host name is this machine: an agent whose pid is gone here is dead
         # now (restarted after a crash), whatever its lease says.
@@ -136,7 +136,7 @@ class HostAgent:
         """Runs a controller handed over to another host (a cluster-wide pool): run id ->
         the live host whose line the run waits in. Empty for a host-wide pool."""
         if self._pool is None:
-            self._pool = open_pool(self.pool or pool_path(self.home.root), store=self.store)
+            self._pool = open_pool(self.pool or pool_path(self.home.root, store=self.home.store), store=self.store)
         if not getattr(self._pool, "cluster", False):
             return {}
         key = home_key(self.home.root, self.store)
@@ -165,7 +165,8 @@ class HostAgent:
                   "from_pid": run.controller_pid, "lease_until": run.controller_lease_until,
                   "moved": moved},
         )
-        ops.spawn_detached(self.home, run.run_id, pool=self.pool, claim=(claim, run.controller_host))
+        ops.spawn_detached(self.home, run.run_id, pool=self.pool, claim=(claim, run.controller_host),
+                           host=self.host)
         log.info("took over run %s from %s (claim epoch %d)", run.run_id, who, claim)
         return True
 

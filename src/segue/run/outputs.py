@@ -18,7 +18,7 @@ from ..states import TaskState
 from .logs import check_step
 
 
-def read_output(run_id: str, step: str, home: str | os.PathLike[str] | None = None, *,
+def read_output(run_id: str, step: str, home: str | os.PathLike[str] | Home | None = None, *,
                 allow_pickle: bool = False) -> Any:
     """The value step ``step`` of run ``run_id`` returned (``None`` if it returned nothing).
 
@@ -29,7 +29,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | None = No
     """
     from .. import checkpoint as ckpt  # the checkpoint engine is imported only when needed
 
-    h = Home.resolve(home)
+    h = home if isinstance(home, Home) else Home.resolve(home)
     if not h.exists():  # reading never creates a home
         raise UsageError(f"no segue home at {h.root}; start a run first or pass --home / SEGUE_HOME")
     store = h.open_store()

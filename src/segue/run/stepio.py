@@ -6,7 +6,6 @@ each other.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -15,10 +14,11 @@ from ..home import output_path
 from ..store.base import Store
 
 
-def flow_file(run: Any) -> str:
-    """The flow file this worker loads: the run's, or the copy of its source that
-    an executor placed on this node ($SEGUE_FLOW_FILE, see executor.ray_node)."""
-    return os.environ.get("SEGUE_FLOW_FILE") or run.flow_path
+def flow_file(run: Any, placed: str | None = None) -> str:
+    """The flow file this process loads: the copy of its source that an executor
+    placed on this node (``placed``: from the worker's options record, or a rank's
+    recipe; see executor.ray_node), else the run's."""
+    return placed or run.flow_path
 
 
 def input_loader(store: Store, storage: ckpt.CheckpointStorage, run_id: str,

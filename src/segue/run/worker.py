@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import json
 import logging
 import os
 import signal
@@ -37,12 +39,13 @@ from ..executor.exits import (
 from ..executor.ray_lean import own_process
 from ..flow import load_flow
 from ..home import Home
-from ..hostname import this_host
+from ..hostname import this_host, use_host
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
 from .stepio import flow_file, input_loader, save_output
+from .worker_options import WorkerOptions
 
 log = logging.getLogger("segue.worker")
 
@@ -105,7 +108,16 @@ def describe_error(exc: BaseException, home: Home, run_id: str) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int) -> int:
+def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int,
+                options: WorkerOptions | None = None) -> int:
+    """``options``: the record the controller handed this worker (its store is ``home``'s
+    already); what the step's data layer needs of it goes to the step's context."""
+    from ..data.elastic import Placement  # (the data layer: only when a step runs)
+    from ..data.pool import default_pool
+    from ..store.pools import open_pool
+    from ..store.postgres import _label as masked  # a cluster's pool is a URL: no password in logs
+
+    opts = options or WorkerOptions()
     flags = Flags()
 
     def on_pause_signal(signum: int, frame: Any) -> None:
@@ -135,7 +147,8 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
     _faults.fault_point("worker.started")
     ctx: StepContext | None = None
     try:
-        loaded = load_flow(flow_file(run))
+        flow_path = flow_file(run, opts.ray.flow_file if opts.ray else None)  # on Ray: this node's copy
+        loaded = load_flow(flow_path)
         spec = loaded.flow.steps[step]
 
         ctx = StepContext(
@@ -145,14 +158,19 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int)
             code_fingerprint=digest(loaded.fingerprint),
             previous_progress=(task.progress_done, task.progress_total),
             home=home, options=run.options,
+            placement=Placement(devices=opts.devices, home=opts.pool_home or None, host=opts.pool_host or None,
+                                open_pool=None if not opts.pool else functools.partial(open_pool, opts.pool),
+                                pool_name=masked(opts.pool or "")),
+            pool_factory=functools.partial(default_pool, ray=opts.ray),
         )
         shield_libraries()  # after the store and the storage imported their clients
         if spec.world_size > 1:  # this process coordinates the gang's ranks
             from .gang import Gang
 
-            devices = [int(d) for d in os.environ.get("SEGUE_DEVICES", "").split(",") if d.strip()]
+            # The devices this process sees: the allocation's, or on Ray the GPUs Ray gave it.
+            devices = list(opts.ray.gpus if opts.ray else opts.devices)
             # Rank 0 saved the output itself (it never crosses a pipe): its reference.
-            ref = Gang(ctx, store, storage, home=str(home.root), devices=devices).run()
+            ref = Gang(ctx, store, storage, home=home, devices=devices, flow_path=flow_path).run()
             ctx.close()
         else:
             result = spec.fn(ctx)
@@ -209,11 +227,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parent-pid", required=True, type=int)
     p.add_argument("--warm", type=int, default=0,
                    help="sub-workers segue._worker_main started first (segue.executor.local_warm)")
+    p.add_argument("--options-stdin", action="store_true",
+                   help="read the controller's options record from stdin (run.worker_options)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # The one record of what the controller tells this worker; nothing comes through
+    # the environment. Read before anything records this host's name or opens the store.
+    opts = WorkerOptions.from_json(json.loads(sys.stdin.readline())) if a.options_stdin else WorkerOptions()
+    if opts.host:
+        use_host(opts.host)
     t0 = time.time()
     try:
-        code = run_attempt(Home.resolve(a.home), a.run, a.step, a.epoch, a.parent_pid)
+        code = run_attempt(Home.resolve(a.home, store=opts.store), a.run, a.step, a.epoch, a.parent_pid,
+                           opts)
     except BaseException as exc:
         # Raised while reporting an outcome (parking, say) on a full disk: the
         # exit code is the one report that needs no space.

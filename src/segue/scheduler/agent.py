@@ -67,6 +67,9 @@ class RunScheduler:
     gpus_override: int = -1
     gpu_memory_override: int = 0
     spawn: Callable[[str, str], object] | None = None  # starts a detached controller (home, run)
+    # The store this process was given explicitly (segue --store), which applies to every
+    # home it opens, as $SEGUE_STORE does (segue.store.store_url); None: each home's own.
+    store_url: str | None = None
     # The executor places attempts on a cluster of its own (Ray): ``host`` is that
     # cluster's entry in the pool (Executor.pool_host), whose GPUs runs queue for and
     # preempt one another for; the executor places cpus and memory itself.
@@ -602,7 +605,7 @@ class RunScheduler:
         for home, rid in self.pool.parked():
             if (home, rid) == (self.home, self.run_id):
                 continue
-            store = self.store if home == self.home else _open_home_store(home)
+            store = self.store if home == self.home else _open_home_store(home, self.store_url)
             if store is None:
                 if not Path(home).exists():
                     self.pool.unpark(home, rid)  # the home was deleted
@@ -628,22 +631,15 @@ class RunScheduler:
             self.spawn(home, rid)
 
 
-def _open_home_store(home: str) -> Any:
+def _open_home_store(home: str, explicit: str | None = None) -> Any:
     """Another home's store, or None if it is gone or not ours to open. The backend is
-    chosen as for any home (segue.store.store_url): PostgreSQL when configured, else
-    the home's segue.db if it exists."""
-    from ..store import SQLiteStore, store_url
+    chosen as for any home (segue.store.open_store; ``explicit``: a store given to this
+    process), and nothing is created there."""
+    from ..store import open_store
 
-    db = Path(home) / "segue.db"
     try:
-        url = store_url(Path(home))
-        if url is not None:
-            from ..store.postgres import PostgresStore
-
-            return PostgresStore(url, home=home)
-        if not db.is_file():
-            return None
-        return SQLiteStore(db)
+        return open_store(home, explicit, create=False)
     except (OSError, SegueError) as exc:
-        log.info("cannot open home %s: %s", home, exc)
+        if Path(home).exists():
+            log.info("cannot open home %s: %s", home, exc)
         return None

@@ -176,7 +176,7 @@ class StoreCollector(Collector):
     def reader(self) -> MetricsReader | PostgresMetricsReader:
         """The reader of the home's store (SQLite or PostgreSQL)."""
         if self._reader is None:
-            self._reader = open_metrics_reader(self.home.root)
+            self._reader = open_metrics_reader(self.home.root, self.home.store)
         return self._reader
 
     def collect(self) -> Iterator[Metric]:

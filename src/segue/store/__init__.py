@@ -73,8 +73,14 @@ def check_store_url(url: str, where: str) -> str:
     return url
 
 
-def store_url(home: Path) -> str | None:
-    """The PostgreSQL URL a home's metadata lives at, or None for its SQLite file."""
+def store_url(home: Path, url: str | None = None) -> str | None:
+    """The PostgreSQL URL a home's metadata lives at, or None for its SQLite file.
+
+    ``url``: the store given explicitly (``segue --store``, ``Client(store=)``, the
+    record a controller hands its workers); it wins over ``$SEGUE_STORE`` and the
+    home's config."""
+    if url:
+        return check_store_url(url, "store")
     env = os.environ.get(STORE_ENV, "")
     if env:
         return check_store_url(env, f"${STORE_ENV}")
@@ -97,23 +103,37 @@ def store_url(home: Path) -> str | None:
     return check_store_url(url, str(cfg))
 
 
-def open_store(home: Path) -> Store:
-    """Open (creating if needed) the metadata store of a segue home directory."""
-    home = Path(home)
-    home.mkdir(parents=True, exist_ok=True)
-    url = store_url(home)
+def open_store(home_or_url: str | os.PathLike[str], url: str | None = None, *,
+               create: bool = True) -> Store:
+    """The metadata store of a segue home directory (``url``: an explicit store, see
+    :func:`store_url`), or of a PostgreSQL URL given in its place.
+
+    With ``create`` (the default) a home and its SQLite file are created if missing;
+    without it, a home that has no store is a StoreError and nothing is written (the
+    scheduler opening another user's home must not create one there)."""
+    if isinstance(home_or_url, str) and "://" in home_or_url:  # a URL, not a home
+        from .postgres import PostgresStore
+
+        return PostgresStore(check_store_url(home_or_url, "store"))
+    home = Path(home_or_url)
+    if create:
+        home.mkdir(parents=True, exist_ok=True)
+    url = store_url(home, url)
     if url is not None:
         from .postgres import PostgresStore
 
         return PostgresStore(url, home=str(home))
+    if not create and not (home / DB_NAME).is_file():
+        raise StoreError(f"{home} has no metadata store ({DB_NAME})")
     return SQLiteStore(home / DB_NAME)
 
 
-def open_outbox(home: Path, *, clock: Clock | None = None) -> SQLiteOutbox | PostgresOutbox:
+def open_outbox(home: Path, *, clock: Clock | None = None,
+                url: str | None = None) -> SQLiteOutbox | PostgresOutbox:
     """The webhook outbox of a home's store (its own connections; close() it).
     ``clock`` times deliveries; default: SQLite's :func:`~segue.store.base.now`,
-    PostgreSQL's database clock."""
-    url = store_url(Path(home))
+    PostgreSQL's database clock. ``url``: an explicit store, see :func:`store_url`."""
+    url = store_url(Path(home), url)
     if url is not None:
         from .postgres import PostgresStore
         from .postgres_outbox import PostgresOutbox
@@ -125,9 +145,10 @@ def open_outbox(home: Path, *, clock: Clock | None = None) -> SQLiteOutbox | Pos
     return SQLiteOutbox(Path(home) / DB_NAME, clock=clock or now)
 
 
-def open_metrics_reader(home: Path) -> MetricsReader | PostgresMetricsReader:
-    """The /metrics reader of a home's store (its own connections; close() it)."""
-    url = store_url(Path(home))
+def open_metrics_reader(home: Path, url: str | None = None) -> MetricsReader | PostgresMetricsReader:
+    """The /metrics reader of a home's store (its own connections; close() it);
+    ``url``: an explicit store, see :func:`store_url`."""
+    url = store_url(Path(home), url)
     if url is not None:
         from .postgres import PostgresStore
         from .postgres_metrics import PostgresMetricsReader

@@ -137,16 +137,17 @@ _STEPS: tuple[tuple[int, tuple[str, ...]], ...] = (
 VERSION = _STEPS[-1][0]
 
 
-def pool_path(home: Path | str | None = None) -> Path | str:
+def pool_path(home: Path | str | None = None, *, store: str | None = None) -> Path | str:
     """Where this process's host pool lives (see the module docstring): a file, or
-    the PostgreSQL URL of a cluster-wide pool."""
+    the PostgreSQL URL of a cluster-wide pool. ``store``: the home's store given
+    explicitly (see segue.store.store_url)."""
     env = os.environ.get(POOL_ENV)
     if env:
         return env if is_postgres_url(env) else Path(env).expanduser().resolve()
     if home is not None:
         from . import store_url
 
-        url = store_url(Path(home))
+        url = store_url(Path(home), store)
         if url is not None:
             return url  # the home's runs share their store's cluster-wide pool
     if os.geteuid() == 0 or (SHARED_DIR.is_dir() and os.access(SHARED_DIR, os.W_OK | os.X_OK)):

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import ControllerConflictError, FencedError
 from .base import HostRecord
-from .sqlite_rows import _fmt_time
+from .transitions import fmt_time
 
 
 def check_register(host: str, row: Any, t: float, steal: bool) -> int:
@@ -18,7 +18,7 @@ def check_register(host: str, row: Any, t: float, steal: bool) -> int:
     if not steal and row["lease_until"] is not None and row["lease_until"] > t:
         raise ControllerConflictError(
             f"host {host!r} already has a live agent (pid {row['pid']}, lease until "
-            f"{_fmt_time(row['lease_until'])}); stop it first, or give this one another --host-id")
+            f"{fmt_time(row['lease_until'])}); stop it first, or give this one another --host-id")
     return int(row["epoch"]) + 1
 
 

@@ -16,6 +16,7 @@ import sqlite3
 from dataclasses import dataclass
 
 from ..errors import StoreError
+from .tables import sqlite
 
 
 @dataclass(frozen=True)
@@ -31,78 +32,11 @@ _V1 = Migration(
     1,
     "runs, tasks, checkpoints and events",
     (
-        """
-        CREATE TABLE runs (
-            run_id TEXT PRIMARY KEY,
-            flow_name TEXT NOT NULL,
-            flow_path TEXT NOT NULL,
-            params TEXT NOT NULL,
-            fingerprint TEXT NOT NULL,
-            options TEXT NOT NULL,
-            state TEXT NOT NULL CHECK (state IN
-                ('PENDING','RUNNING','PAUSING','PAUSED','SUCCEEDED','FAILED','CANCELLED')),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            controller_epoch INTEGER NOT NULL DEFAULT 0,
-            controller_pid INTEGER,
-            controller_host TEXT,
-            controller_lease_until REAL
-        )
-        """,
+        sqlite("runs"),
         "CREATE INDEX runs_by_created ON runs (created_at)",
-        """
-        CREATE TABLE tasks (
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            step TEXT NOT NULL,
-            ord INTEGER NOT NULL,
-            state TEXT NOT NULL CHECK (state IN
-                ('PENDING','RUNNING','RETRYING','PARKED','SUCCEEDED','FAILED','CANCELLED')),
-            epoch INTEGER NOT NULL DEFAULT 0,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            failures INTEGER NOT NULL DEFAULT 0,
-            pid INTEGER,
-            host TEXT,
-            lease_until REAL,
-            progress_done REAL,
-            progress_total REAL,
-            output_ref TEXT,
-            error TEXT,
-            next_attempt_at REAL,
-            started_at REAL,
-            finished_at REAL,
-            updated_at REAL NOT NULL,
-            PRIMARY KEY (run_id, step)
-        )
-        """,
-        """
-        CREATE TABLE checkpoints (
-            run_id TEXT NOT NULL,
-            step TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            epoch INTEGER NOT NULL,
-            path TEXT NOT NULL,
-            created_at REAL NOT NULL,
-            position TEXT NOT NULL,
-            nbytes INTEGER NOT NULL,
-            status TEXT NOT NULL CHECK (status IN ('committed','quarantined','pruned')),
-            PRIMARY KEY (run_id, step, seq),
-            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
-        )
-        """,
-        """
-        CREATE TABLE events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            step TEXT,
-            time REAL NOT NULL,
-            actor TEXT NOT NULL,
-            kind TEXT NOT NULL,
-            from_state TEXT,
-            to_state TEXT,
-            reason TEXT NOT NULL,
-            data TEXT NOT NULL
-        )
-        """,
+        sqlite("tasks"),
+        sqlite("checkpoints"),
+        sqlite("events"),
         "CREATE INDEX events_by_run ON events (run_id, id)",
     ),
 )
@@ -111,25 +45,8 @@ _V2 = Migration(
     2,
     "resource pool: hosts, devices, allocations, waiting requests, run statistics",
     (
-        """
-        CREATE TABLE pool_hosts (
-            host TEXT PRIMARY KEY,
-            cpus REAL NOT NULL,
-            memory INTEGER NOT NULL,
-            source TEXT NOT NULL,
-            updated_at REAL NOT NULL
-        )
-        """,
-        """
-        CREATE TABLE pool_devices (
-            host TEXT NOT NULL REFERENCES pool_hosts (host) ON DELETE CASCADE,
-            device INTEGER NOT NULL,
-            name TEXT NOT NULL,
-            memory INTEGER NOT NULL,
-            virtual INTEGER NOT NULL,
-            PRIMARY KEY (host, device)
-        )
-        """,
+        sqlite("pool_hosts"),
+        sqlite("pool_devices"),
         """
         CREATE TABLE allocations (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -149,30 +66,8 @@ _V2 = Migration(
         )
         """,
         "CREATE INDEX allocations_live ON allocations (host, released_at)",
-        """
-        CREATE TABLE requests (
-            run_id TEXT NOT NULL,
-            step TEXT NOT NULL,
-            host TEXT NOT NULL,
-            priority INTEGER NOT NULL,
-            gpus INTEGER NOT NULL,
-            gpu_memory INTEGER,
-            cpus REAL NOT NULL,
-            memory INTEGER NOT NULL,
-            submitted_at REAL NOT NULL,
-            reason TEXT NOT NULL,
-            lease_until REAL NOT NULL,
-            PRIMARY KEY (run_id, step)
-        )
-        """,
-        """
-        CREATE TABLE run_stats (
-            run_id TEXT NOT NULL,
-            key TEXT NOT NULL,
-            value REAL NOT NULL,
-            PRIMARY KEY (run_id, key)
-        )
-        """,
+        sqlite("requests"),
+        sqlite("run_stats"),
     ),
 )
 
@@ -191,24 +86,7 @@ _V3 = Migration(
         # One row per (event, hook): the delivery id is the event id. A pump
         # claims a row (status sending, with a lease) before it sends, so two
         # pumps never send the same delivery at once.
-        """
-        CREATE TABLE notify_outbox (
-            event_id INTEGER NOT NULL,
-            hook_id TEXT NOT NULL,
-            run_id TEXT NOT NULL,
-            event TEXT NOT NULL,
-            body TEXT NOT NULL,
-            status TEXT NOT NULL CHECK (status IN ('pending','sending','delivered','failed')),
-            attempts INTEGER NOT NULL DEFAULT 0,
-            next_at REAL NOT NULL,
-            lease_until REAL,
-            claim TEXT,
-            last_error TEXT,
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            PRIMARY KEY (event_id, hook_id)
-        )
-        """,
+        sqlite("notify_outbox"),
         "CREATE INDEX notify_outbox_due ON notify_outbox (status, next_at)",
         # /metrics reads the live (not pruned) checkpoints, and the newest committed
         # one of each step, at every scrape: a few rows per step, not its history.
@@ -220,17 +98,7 @@ _V4 = Migration(
     4,
     "hosts: one row per host that runs a segue agent, with its lease and epoch",
     (
-        """
-        CREATE TABLE hosts (
-            host TEXT PRIMARY KEY,
-            epoch INTEGER NOT NULL,
-            pid INTEGER,
-            info TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            seen_at REAL NOT NULL,
-            lease_until REAL
-        )
-        """,
+        sqlite("hosts"),
     ),
 )
 
@@ -242,29 +110,8 @@ _V5 = Migration(
     5,
     "step metrics (ctx.log_metrics) and their latest value per flow",
     (
-        """
-        CREATE TABLE step_metrics (
-            run_id TEXT NOT NULL,
-            step TEXT NOT NULL,
-            name TEXT NOT NULL,
-            idx INTEGER NOT NULL,
-            value REAL,
-            epoch INTEGER NOT NULL,
-            time REAL NOT NULL,
-            PRIMARY KEY (run_id, step, name, idx),
-            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
-        )
-        """,
-        """
-        CREATE TABLE step_metrics_latest (
-            flow_name TEXT NOT NULL,
-            step TEXT NOT NULL,
-            name TEXT NOT NULL,
-            value REAL,
-            time REAL NOT NULL,
-            PRIMARY KEY (flow_name, step, name)
-        )
-        """,
+        sqlite("step_metrics"),
+        sqlite("step_metrics_latest"),
     ),
 )
 
@@ -276,11 +123,16 @@ def schema_version(conn: sqlite3.Connection) -> int:
     return int(conn.execute("PRAGMA user_version").fetchone()[0])
 
 
-def _too_new(label: str, found: int, known: int) -> StoreError:
-    return StoreError(
-        f"metadata store {label} has schema version {found}, newer than this segue "
-        f"supports ({known}); upgrade segue"
-    )
+def pending(migrations: tuple[Migration, ...], found: int, label: str) -> list[Migration]:
+    """The migrations a database at version ``found`` still needs, oldest first (both
+    backends); a StoreError if it is newer than every one of them."""
+    known = migrations[-1].version if migrations else 0
+    if found > known:
+        raise StoreError(
+            f"metadata store {label} has schema version {found}, newer than this segue "
+            f"supports ({known}); upgrade segue"
+        )
+    return [m for m in migrations if m.version > found]
 
 
 def migrate(
@@ -292,22 +144,14 @@ def migrate(
     StoreError if the database is newer than ``migrations`` know. A failing
     migration rolls back every step of this call, leaving the old version.
     """
-    known = migrations[-1].version if migrations else 0
     found = schema_version(conn)
-    if found == known:  # fast path: no write lock for an up-to-date database
-        return found
-    if found > known:
-        raise _too_new(label, found, known)
+    if not pending(migrations, found, label):
+        return found  # fast path: no write lock for an up-to-date database
     # IMMEDIATE takes the write lock before reading the version, so a second
     # process racing to migrate waits here and then sees the new version.
     conn.execute("BEGIN IMMEDIATE")
     try:
-        found = schema_version(conn)
-        if found > known:
-            raise _too_new(label, found, known)
-        for m in migrations:
-            if m.version <= found:
-                continue
+        for m in pending(migrations, schema_version(conn), label):
             for stmt in m.statements:
                 conn.execute(stmt)
             # PRAGMA takes no bound parameters; m.version is an int from this module.
@@ -317,7 +161,7 @@ def migrate(
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
-    return known
+    return schema_version(conn)
 
 
 def connect(path: str | os.PathLike[str]) -> sqlite3.Connection:

@@ -47,16 +47,10 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from .._canon import canonical_json
 from .._faults import fault_point
 from .._rngshield import shield_libraries
-from ..errors import (
-    ControllerConflictError,
-    FencedError,
-    IllegalTransitionError,
-    RunExistsError,
-    SegueError,
-    StoreBusyError,
-    StoreError,
-)
-from ..states import RUN_TRANSITIONS, Actor, RunState, TaskState, check_run, check_task
+from ..errors import FencedError, RunExistsError, SegueError, StoreBusyError, StoreError
+from ..states import RunState, TaskState
+from . import postgres_hot as hot
+from . import transitions as rules
 from .base import (
     CLOCK_FILE_ENV,
     CheckpointRecord,
@@ -75,7 +69,8 @@ from .postgres_hosts import PostgresHostsMixin
 from .postgres_hot import HEARTBEAT, RENEW_CONTROLLER, TRANSITION_RUN
 from .postgres_schema import (
     Tx,
-    event_record,
+    apply_run,
+    apply_task_move,
     fence,
     insert_event,
     lock_run,
@@ -86,14 +81,7 @@ from .postgres_schema import (
     value,
 )
 from .postgres_step_metrics import PostgresStepMetricsMixin
-from .sqlite_rows import (  # row -> record converters and fence checks: backend-neutral
-    _check_controller_epoch,
-    _checkpoint_record,
-    _fmt_time,
-    _run_record,
-    _task_record,
-    check_handover,
-)
+from .records import checkpoint_record, event_record, run_record, task_record
 
 if TYPE_CHECKING:
     import psycopg
@@ -101,9 +89,6 @@ if TYPE_CHECKING:
     Conn = psycopg.Connection[dict[str, Any]]
 
 T = TypeVar("T")
-
-CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
-_NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
 
 TRIES = 5  # one try and four retries, after 0.1, 0.2, 0.4 and 0.8 s
 BACKOFF_S = 0.1
@@ -330,6 +315,34 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             raise _Committed()
         return None
 
+    def _move_one(self, move: rules.Move, run_id: str, step: str,
+                  epoch: int | None = None) -> TaskRecord | None:
+        """A task's move in one statement (:func:`.postgres_hot.task_move`): its record,
+        or None where the statement wrote nothing and the locked path must judge."""
+        sql, params = hot.task_move(move, run_id=run_id, step=step, epoch=epoch)
+        try:
+            row = self._write_one(sql, params)
+        except _Committed:
+            return self.get_task(run_id, step)  # it moved; the answer was lost on the way
+        return None if row is None else task_record(row)
+
+    def _move(self, move: rules.Move, run_id: str, step: str, epoch: int | None) -> TaskRecord:
+        """A task's move: one statement where it may be made; otherwise the locked path
+        (run then task row locked, fenced when ``epoch`` is given) judges it, and refuses
+        as ever."""
+        moved = self._move_one(move, run_id, step, epoch)
+        if moved is not None:
+            return moved
+
+        def body(tx: Tx) -> TaskRecord:
+            lock_run(tx, run_id)
+            row = task_row(tx, run_id, step, lock=True)
+            if epoch is not None:
+                fence(run_id, step, row, epoch)
+            return apply_task_move(tx, run_id, step, move, row)
+
+        return self._write(body)
+
     def _run(self, body: Callable[[Tx], T], begin: str, finish: str) -> T:
         last: BaseException | None = None
         for attempt in range(TRIES):
@@ -487,13 +500,13 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             # The new row is invisible to others until COMMIT: it is as good as locked.
             insert_event(tx, run.run_id, "run", actor=actor, reason="run created", t=t,
                          to_state=RunState.PENDING, data={"steps": steps})
-            return _run_record(cast(Any, row))
+            return run_record(cast(Any, row))
 
         return self._write(body)
 
     def get_run(self, run_id: str) -> RunRecord:
         """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
-        return self._read(lambda tx: _run_record(cast(Any, run_row(tx, run_id))))
+        return self._read(lambda tx: run_record(cast(Any, run_row(tx, run_id))))
 
     def list_runs(self, *, states: Collection[RunState] | None = None, flow: str | None = None,
                   limit: int | None = None, offset: int = 0) -> list[RunRecord]:
@@ -509,7 +522,7 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         sql = "SELECT * FROM runs" + (f" WHERE {' AND '.join(where)}" if where else "")
         sql += " ORDER BY created_at DESC, ord DESC LIMIT %s OFFSET %s"
         args += [None if limit is None else int(limit), int(offset)]
-        return self._read(lambda tx: [_run_record(cast(Any, r)) for r in tx.all(sql, args)])
+        return self._read(lambda tx: [run_record(cast(Any, r)) for r in tx.all(sql, args)])
 
     def run_counts(self) -> dict[tuple[RunState, str], int]:
         """Read: one aggregate statement, one snapshot, no lock."""
@@ -525,7 +538,7 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             row = tx.one("UPDATE runs SET options = %s, updated_at = %s WHERE run_id = %s"
                          " RETURNING *", (canonical_json(options), t, run_id))
             insert_event(tx, run_id, "options", actor=actor, reason=reason, t=t, data=dict(options))
-            return _run_record(cast(Any, row))
+            return run_record(cast(Any, row))
 
         return self._write(body)
 
@@ -536,37 +549,25 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         the state are judged, so a controller takeover cannot slip in between.
         One statement when the move is legal from the run's state (:mod:`.postgres_hot`);
         a move that is not (or a no-op) is judged by the locked path."""
-        to = RunState(to)
-        sources = [s.value for s in RunState if s != to and to in RUN_TRANSITIONS[s]
-                   and (only_from is None or s in only_from)]
+        move = rules.run_move(to, actor=actor, reason=reason, only_from=only_from)
         try:
             row = self._write_one(TRANSITION_RUN, {
-                "run_id": run_id, "sources": sources, "to": to.value, "actor": str(actor),
+                "run_id": run_id, "sources": sorted(move.sources), "to": move.to, "actor": str(actor),
                 "reason": reason, "controller_epoch": controller_epoch})
         except _Committed:
             return self.get_run(run_id)  # it moved; the answer was lost on the way
         if row is not None:
-            return _run_record(cast(Any, row))
+            return run_record(cast(Any, row))
 
         def body(tx: Tx) -> RunRecord:
             row = lock_run(tx, run_id)
             if controller_epoch is not None:
-                _check_controller_epoch(run_id, cast(Any, row), controller_epoch)
+                rules.check_controller_epoch(run_id, row, controller_epoch)
                 fault_point("store.fence_checked")
-            cur = RunState(row["state"])
-            if cur == to:
-                return _run_record(cast(Any, row))
-            check_run(cur, to)
-            if only_from is not None and cur not in only_from:
-                allowed = ", ".join(sorted(RunState(s).value for s in only_from))
-                raise IllegalTransitionError(
-                    "a run", cur.value, to.value, f"this change is only allowed from {allowed}")
-            t = tx.now()
-            new = tx.one("UPDATE runs SET state = %s, updated_at = %s WHERE run_id = %s RETURNING *",
-                         (to.value, t, run_id))
-            insert_event(tx, run_id, "run", actor=actor, reason=reason, t=t,
-                         from_state=cur, to_state=to)
-            return _run_record(cast(Any, new))
+            if rules.is_noop(move, row["state"]):
+                return run_record(cast(Any, row))
+            move.check(row["state"])
+            return run_record(apply_run(tx, run_id, row, move.changes, move.event))
 
         return self._write(body)
 
@@ -577,28 +578,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         database's clock read after the lock is held."""
         def body(tx: Tx) -> int:
             row = lock_run(tx, run_id)
-            t = tx.now()
-            lease = row["controller_lease_until"]
-            live = lease is not None and lease > t
-            if expect_epoch is not None:
-                check_handover(run_id, row, expect_epoch)
-            elif live and not steal:
-                raise ControllerConflictError(
-                    f"run {run_id!r} is already driven by a live controller "
-                    f"(pid {row['controller_pid']} on host {row['controller_host']}, "
-                    f"lease until {_fmt_time(lease)}); wait for it, pause the run, "
-                    "or stop that process")
-            epoch = int(row["controller_epoch"]) + 1
-            tx.one("UPDATE runs SET controller_epoch = %s, controller_pid = %s, controller_host = %s,"
-                   " controller_lease_until = %s, updated_at = %s WHERE run_id = %s RETURNING run_id",
-                   (epoch, pid, host, t + ttl_s, t, run_id))
-            data: dict[str, Any] = {"epoch": epoch, "pid": pid, "host": host, "lease_until": t + ttl_s}
-            if live:
-                data["stolen_from"] = {"epoch": row["controller_epoch"], "pid": row["controller_pid"],
-                                       "host": row["controller_host"]}
-            insert_event(tx, run_id, "controller", actor=Actor.CONTROLLER, t=t, data=data,
-                         reason="controller lease stolen" if live else "controller lease acquired")
-            return epoch
+            claim = rules.claim_controller(run_id, row, tx.now(), pid=pid, host=host, ttl_s=ttl_s,
+                                           steal=steal, expect_epoch=expect_epoch)
+            apply_run(tx, run_id, row, claim.changes, claim.event)
+            return claim.epoch
 
         return self._write(body)
 
@@ -611,16 +594,13 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         except _Committed:
             row = None  # renewed; the locked path renews it again and answers
         if row is not None:
-            return _run_record(cast(Any, row))
+            return run_record(cast(Any, row))
 
         def body(tx: Tx) -> RunRecord:
             row = lock_run(tx, run_id)
-            _check_controller_epoch(run_id, cast(Any, row), epoch)
+            rules.check_controller_epoch(run_id, row, epoch)
             fault_point("store.fence_checked")
-            t = tx.now()
-            new = tx.one("UPDATE runs SET controller_lease_until = %s, updated_at = %s"
-                         " WHERE run_id = %s RETURNING *", (t + ttl_s, t, run_id))
-            return _run_record(cast(Any, new))
+            return run_record(apply_run(tx, run_id, row, rules.renew_changes(ttl_s)))
 
         return self._write(body)
 
@@ -628,14 +608,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         """Write, READ COMMITTED, under the run's row lock."""
         def body(tx: Tx) -> None:
             row = lock_run(tx, run_id)
-            if row["controller_epoch"] != epoch or row["controller_lease_until"] is None:
+            event = rules.releases(row, epoch)
+            if event is None:
                 return  # superseded or already released: nothing of ours to give up
-            t = tx.now()
-            tx.one("UPDATE runs SET controller_pid = NULL, controller_host = NULL,"
-                   " controller_lease_until = NULL, updated_at = %s WHERE run_id = %s"
-                   " RETURNING run_id", (t, run_id))
-            insert_event(tx, run_id, "controller", actor=Actor.CONTROLLER, t=t,
-                         reason="controller lease released", data={"epoch": epoch})
+            apply_run(tx, run_id, row, rules.RELEASE_CONTROLLER, event)
 
         self._write(body)
 
@@ -646,13 +622,13 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             rows = tx.all("SELECT * FROM tasks WHERE run_id = %s ORDER BY ord", (run_id,))
             if not rows:
                 run_row(tx, run_id)
-            return [_task_record(cast(Any, r)) for r in rows]
+            return [task_record(cast(Any, r)) for r in rows]
 
         return self._read(body)
 
     def get_task(self, run_id: str, step: str) -> TaskRecord:
         """Read: one statement, one snapshot, no lock (see :meth:`_read`)."""
-        return self._read(lambda tx: _task_record(cast(Any, task_row(tx, run_id, step))))
+        return self._read(lambda tx: task_record(cast(Any, task_row(tx, run_id, step))))
 
     def transition_task(self, run_id: str, step: str, to: TaskState, *, actor: str, reason: str,
                         epoch: int | None = None, only_from: Collection[TaskState] | None = None,
@@ -660,53 +636,22 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
                         next_attempt_at: float | None = None,
                         reset_failures: bool = False) -> TaskRecord:
         """Write, READ COMMITTED: run then task row locked before the epoch and state
-        are judged (fenced when ``epoch`` is given)."""
-        to = TaskState(to)
-        if to == TaskState.RUNNING:
-            # A RUNNING task without a new epoch would let the previous
-            # attempt's zombie write again: fencing needs start_attempt.
-            raise ValueError(
-                f"step {step!r} in run {run_id!r}: use start_attempt to move a task to RUNNING; "
-                "it raises the epoch that fences older attempts")
+        are judged (fenced when ``epoch`` is given). One statement when the move is
+        legal from the task's state (:func:`.postgres_hot.task_move`); otherwise the
+        locked path judges it and raises as ever."""
+        move = rules.task_move(run_id, step, to, actor=actor, reason=reason, only_from=only_from,
+                               count_failure=count_failure, error=error,
+                               next_attempt_at=next_attempt_at, reset_failures=reset_failures)
 
-        def body(tx: Tx) -> TaskRecord:
-            lock_run(tx, run_id)
-            row = task_row(tx, run_id, step, lock=True)
-            if epoch is not None:
-                fence(run_id, step, row, epoch)
-            cur = TaskState(row["state"])
-            check_task(cur, to)
-            if only_from is not None and cur not in only_from:
-                allowed = ", ".join(sorted(TaskState(s).value for s in only_from))
-                raise IllegalTransitionError(
-                    "a task", cur.value, to.value, f"this change is only allowed from {allowed}")
-            t = tx.now()
-            failures = 0 if reset_failures else int(row["failures"])
-            changes: dict[str, Any] = {
-                "state": to.value,
-                "failures": failures + (1 if count_failure else 0),
-                # The backoff deadline only means something while RETRYING.
-                "next_attempt_at": next_attempt_at if to == TaskState.RETRYING else None,
-                "finished_at": t if to.done else None,
-                "updated_at": t,
-            }
-            if error is not None:
-                changes["error"] = error
-            if cur == TaskState.RUNNING:
-                changes.update(_NO_ATTEMPT)
-            new = update_task(tx, run_id, step, changes)
-            data: dict[str, Any] = {"epoch": row["epoch"]}
-            if error is not None:
-                data["error"] = error
-            insert_event(tx, run_id, "task", step=step, actor=actor, reason=reason, t=t,
-                         from_state=cur, to_state=to, data=data)
-            return _task_record(cast(Any, new))
-
-        return self._write(body)
+        return self._move(move, run_id, step, epoch)
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         """Write, READ COMMITTED: run then task row locked, so two starters get
-        distinct epochs and the second is refused by the state it then sees."""
+        distinct epochs and the second is refused by the state it then sees. One
+        statement when the task may start (:func:`.postgres_hot.task_move`)."""
+        moved = self._move_one(rules.start_move(step, ttl_s=ttl_s, actor=actor), run_id, step)
+        if moved is not None:
+            return moved
         return self._write(lambda tx: start_attempt_in(tx, run_id, step, ttl_s=ttl_s, actor=actor))
 
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
@@ -762,24 +707,16 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             fence(run_id, step, task, epoch)
             newest = value(tx.one("SELECT MAX(seq) FROM checkpoints WHERE run_id = %s"
                                    " AND step = %s", (run_id, step)))
-            if newest is not None and seq <= newest:
-                raise StoreError(
-                    f"checkpoint seq {seq} of step {step!r} in run {run_id!r} does not exceed "
-                    f"the newest recorded seq {newest}; each checkpoint needs a larger seq")
+            rules.check_seq(run_id, step, seq, newest)
             t = tx.now()
             row = tx.one(
                 "INSERT INTO checkpoints (run_id, step, seq, epoch, path, created_at, position,"
                 " nbytes, status) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, 'committed') RETURNING *",
                 (run_id, step, seq, epoch, path, t, position_json, nbytes))
-            insert_event(tx, run_id, "checkpoint", step=step, actor=Actor.WORKER, t=t,
-                         reason=f"checkpoint {seq} committed",
-                         data={"seq": seq, "epoch": epoch, "path": path, "position": position,
-                                "nbytes": nbytes,
-                                **({} if duration_s is None else {"duration_s": duration_s}),
-                                # What the UI charts: the step's reported progress, not its position.
-                                **({} if task["progress_done"] is None else {"progress": {
-                                    "done": task["progress_done"], "total": task["progress_total"]}})})
-            return _checkpoint_record(cast(Any, row))
+            event = rules.checkpoint_event(task, step, seq=seq, epoch=epoch, path=path,
+                                           position=position, nbytes=nbytes, duration_s=duration_s)
+            insert_event(tx, run_id, **rules.event_args(event, task, t))
+            return checkpoint_record(cast(Any, row))
 
         return self._write(body)
 
@@ -795,16 +732,14 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
                 " ORDER BY t.ord, c.seq DESC", (run_id, wanted, step, step))
             if not rows:
                 _ = run_row(tx, run_id) if step is None else task_row(tx, run_id, step)
-            return [_checkpoint_record(cast(Any, r)) for r in rows]
+            return [checkpoint_record(cast(Any, r)) for r in rows]
 
         return self._read(body)
 
     def set_checkpoint_status(self, run_id: str, step: str, seq: int, status: str, *,
                               actor: str, reason: str) -> None:
         """Write, READ COMMITTED, under the run's row lock."""
-        if status not in CHECKPOINT_STATUSES:
-            raise ValueError(
-                f"checkpoint status must be one of {sorted(CHECKPOINT_STATUSES)}, not {status!r}")
+        rules.check_checkpoint_status(status)
 
         def body(tx: Tx) -> None:
             lock_run(tx, run_id)
@@ -825,23 +760,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
 
     def complete_task(self, run_id: str, step: str, epoch: int, *, output_ref: str | None,
                       actor: str) -> TaskRecord:
-        """Write, READ COMMITTED: RUNNING -> SUCCEEDED, fenced under the run and task locks."""
-        def body(tx: Tx) -> TaskRecord:
-            lock_run(tx, run_id)
-            row = task_row(tx, run_id, step, lock=True)
-            fence(run_id, step, row, epoch)
-            cur = TaskState(row["state"])
-            check_task(cur, TaskState.SUCCEEDED)  # the table allows it only from RUNNING
-            t = tx.now()
-            new = update_task(tx, run_id, step, {
-                "state": TaskState.SUCCEEDED.value, "output_ref": output_ref,
-                "next_attempt_at": None, "finished_at": t, "updated_at": t, **_NO_ATTEMPT})
-            insert_event(tx, run_id, "task", step=step, actor=actor, t=t, reason="output committed",
-                         from_state=cur, to_state=TaskState.SUCCEEDED,
-                         data={"epoch": epoch, "output_ref": output_ref})
-            return _task_record(cast(Any, new))
-
-        return self._write(body)
+        """Write, READ COMMITTED: RUNNING -> SUCCEEDED, fenced under the run and task locks;
+        one statement when ``epoch`` still holds the RUNNING task."""
+        move = rules.complete_move(step, epoch=epoch, output_ref=output_ref, actor=actor)
+        return self._move(move, run_id, step, epoch)
 
     # -- events ----------------------------------------------------------------
     def append_event(self, run_id: str, kind: str, *, actor: str, reason: str,

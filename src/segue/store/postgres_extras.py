@@ -18,11 +18,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, cast
 
 from ..placement.policy import Need
-from ..states import TaskState, check_task
 from .base import TaskRecord
 from .pool import RequestRecord
-from .postgres_schema import Row, Tx, insert_event, lock_run, task_row, update_task
-from .sqlite_rows import _task_record
+from .postgres_schema import Row, Tx, apply_task_move, lock_run, task_row
+from .transitions import start_move
 
 T = TypeVar("T")
 
@@ -33,21 +32,7 @@ def start_attempt_in(tx: Tx, run_id: str, step: str, *, ttl_s: float, actor: str
     so two starters get distinct epochs and the second is refused by the state it sees."""
     lock_run(tx, run_id)
     row = task_row(tx, run_id, step, lock=True)
-    cur = TaskState(row["state"])
-    check_task(cur, TaskState.RUNNING)  # allowed only from PENDING and RETRYING
-    t = tx.now()
-    epoch, attempts = int(row["epoch"]) + 1, int(row["attempts"]) + 1
-    new = update_task(tx, run_id, step, {
-        "state": TaskState.RUNNING.value, "epoch": epoch, "attempts": attempts,
-        "pid": None, "host": None, "lease_until": t + ttl_s, "next_attempt_at": None,
-        "started_at": row["started_at"] if row["started_at"] is not None else t,
-        "finished_at": None, "updated_at": t,
-    })
-    insert_event(tx, run_id, "task", step=step, actor=actor, t=t,
-                 reason=f"attempt {attempts} started", from_state=cur,
-                 to_state=TaskState.RUNNING,
-                 data={"epoch": epoch, "attempt": attempts, **dict(data or {})})
-    return _task_record(cast(Any, new))
+    return apply_task_move(tx, run_id, step, start_move(step, ttl_s=ttl_s, actor=actor, data=data), row)
 
 
 class PostgresPoolMixin:

@@ -1,9 +1,13 @@
 """Wake-ups by LISTEN/NOTIFY, with polling as the fallback.
 
-Every event a PostgreSQL store appends notifies ``segue_events`` with its run id
-in the same transaction (``postgres_schema.insert_event``), so a waiter learns
-of a change the moment it commits: an agent sees a controller release its run
-at once instead of at its next poll. Notifications are a hint, never the truth:
+Every event of a run itself (one without a step: its state, its controller's
+lease, its options) that a PostgreSQL store appends notifies ``segue_events``
+with its run id in the same transaction (``postgres_schema.insert_event``), so a
+waiter learns of a change the moment it commits: an agent sees a controller
+release its run at once instead of at its next poll. A step's events (task
+transitions, checkpoints) notify nobody: the waiters (agents) wait for runs, and
+a NOTIFY serialises commits across the whole server (it holds a global lock from
+before its transaction's commit record until it is durable). Notifications are a hint, never the truth:
 they are lost across reconnects and do not pass transaction-pooling proxies, so
 every waiter still polls, and :meth:`Listener.wait` only shortens the sleep.
 

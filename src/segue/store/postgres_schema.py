@@ -17,17 +17,25 @@ caller's transaction and never commit. This module never decides policy.
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, cast
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
-from .._canon import canonical_json
 from .._faults import fault_point
 from ..errors import StoreError, UnknownRunError
-from .base import Event
-from .migrations import Migration
-from .sqlite_rows import _TASK_COLUMNS, _check_epoch
+from .base import Event, TaskRecord
+from .migrations import Migration, pending
+from .records import EVENT_COLUMNS, EventFields, event_of, event_values, task_record
+from .tables import postgres
+from .transitions import (
+    RUN_COLUMNS,
+    TASK_COLUMNS,
+    EventDraft,
+    Move,
+    check_epoch,
+    event_args,
+    resolve_changes,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -37,7 +45,7 @@ Row = dict[str, Any]
 # pg_advisory_xact_lock key of "migrating the segue schema" (any fixed bigint:
 # advisory locks are per database, and nothing else in segue takes this one).
 MIGRATION_LOCK_KEY = 0x5E6E_0001
-EVENTS_CHANNEL = "segue_events"  # NOTIFY'd with the run id by every event (see insert_event)
+EVENTS_CHANNEL = "segue_events"  # NOTIFY'd with the run id by a run's events (see insert_event)
 
 # Times are epoch seconds (double precision), as in the records; JSON columns
 # are text holding canonical JSON, so fingerprints keep their exact bytes.
@@ -46,84 +54,16 @@ _V1 = Migration(
     1,
     "runs, tasks, checkpoints, events, commit markers",
     (
-        """
-        CREATE TABLE runs (
-            run_id text PRIMARY KEY,
-            ord bigint GENERATED ALWAYS AS IDENTITY,
-            flow_name text NOT NULL,
-            flow_path text NOT NULL,
-            params text NOT NULL,
-            fingerprint text NOT NULL,
-            options text NOT NULL,
-            state text NOT NULL CHECK (state IN
-                ('PENDING','RUNNING','PAUSING','PAUSED','SUCCEEDED','FAILED','CANCELLED')),
-            created_at double precision NOT NULL,
-            updated_at double precision NOT NULL,
-            controller_epoch bigint NOT NULL DEFAULT 0,
-            controller_pid integer,
-            controller_host text,
-            controller_lease_until double precision
-        )
-        """,
+        postgres("runs"),
         "CREATE INDEX runs_by_created ON runs (created_at, ord)",
         "CREATE INDEX runs_by_flow ON runs (flow_name)",
-        """
-        CREATE TABLE tasks (
-            run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            step text NOT NULL,
-            ord integer NOT NULL,
-            state text NOT NULL CHECK (state IN
-                ('PENDING','RUNNING','RETRYING','PARKED','SUCCEEDED','FAILED','CANCELLED')),
-            epoch bigint NOT NULL DEFAULT 0,
-            attempts integer NOT NULL DEFAULT 0,
-            failures integer NOT NULL DEFAULT 0,
-            pid integer,
-            host text,
-            lease_until double precision,
-            progress_done double precision,
-            progress_total double precision,
-            output_ref text,
-            error text,
-            next_attempt_at double precision,
-            started_at double precision,
-            finished_at double precision,
-            updated_at double precision NOT NULL,
-            PRIMARY KEY (run_id, step)
-        )
-        """,
-        """
-        CREATE TABLE checkpoints (
-            run_id text NOT NULL,
-            step text NOT NULL,
-            seq bigint NOT NULL,
-            epoch bigint NOT NULL,
-            path text NOT NULL,
-            created_at double precision NOT NULL,
-            position text NOT NULL,
-            nbytes bigint NOT NULL,
-            status text NOT NULL CHECK (status IN ('committed','quarantined','pruned')),
-            PRIMARY KEY (run_id, step, seq),
-            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
-        )
-        """,
+        postgres("tasks"),
+        postgres("checkpoints"),
         "CREATE INDEX checkpoints_by_status ON checkpoints (status, run_id, step, seq)",
         # The id comes from one sequence (CACHE 1: nextval is monotone across
         # sessions) and is drawn while the writer holds its run's row lock, so
         # within a run ids rise in commit order (see postgres.py, "events").
-        """
-        CREATE TABLE events (
-            id bigint GENERATED ALWAYS AS IDENTITY (CACHE 1) PRIMARY KEY,
-            run_id text NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE,
-            step text,
-            time double precision NOT NULL,
-            actor text NOT NULL,
-            kind text NOT NULL,
-            from_state text,
-            to_state text,
-            reason text NOT NULL,
-            data text NOT NULL
-        )
-        """,
+        postgres("events"),
         "CREATE INDEX events_by_run ON events (run_id, id)",
         # One row per committed write transaction, inserted inside it: after a
         # connection lost during COMMIT, the writer learns whether its
@@ -145,30 +85,8 @@ _V2 = Migration(
     2,
     "waiting requests (local view), run statistics",
     (
-        """
-        CREATE TABLE requests (
-            run_id text NOT NULL,
-            step text NOT NULL,
-            host text NOT NULL,
-            priority integer NOT NULL,
-            gpus integer NOT NULL,
-            gpu_memory bigint,
-            cpus double precision NOT NULL,
-            memory bigint NOT NULL,
-            submitted_at double precision NOT NULL,
-            reason text NOT NULL,
-            lease_until double precision NOT NULL,
-            PRIMARY KEY (run_id, step)
-        )
-        """,
-        """
-        CREATE TABLE run_stats (
-            run_id text NOT NULL,
-            key text NOT NULL,
-            value double precision NOT NULL,
-            PRIMARY KEY (run_id, key)
-        )
-        """,
+        postgres("requests"),
+        postgres("run_stats"),
     ),
 )
 
@@ -176,17 +94,7 @@ _V3 = Migration(
     3,
     "hosts: one row per host that runs a segue agent, with its lease and epoch",
     (
-        """
-        CREATE TABLE hosts (
-            host text PRIMARY KEY,
-            epoch bigint NOT NULL,
-            pid bigint,
-            info text NOT NULL,
-            started_at double precision NOT NULL,
-            seen_at double precision NOT NULL,
-            lease_until double precision
-        )
-        """,
+        postgres("hosts"),
     ),
 )
 
@@ -199,25 +107,8 @@ _V4 = Migration(
     (
         "CREATE TABLE segue_cluster (id text PRIMARY KEY)",
         "INSERT INTO segue_cluster (id) VALUES (gen_random_uuid()::text)",
-        """
-        CREATE TABLE pool_hosts (
-            host text PRIMARY KEY,
-            cpus double precision NOT NULL,
-            memory bigint NOT NULL,
-            source text NOT NULL,
-            updated_at double precision NOT NULL
-        )
-        """,
-        """
-        CREATE TABLE pool_devices (
-            host text NOT NULL REFERENCES pool_hosts (host) ON DELETE CASCADE,
-            device bigint NOT NULL,
-            name text NOT NULL,
-            memory bigint NOT NULL,
-            virtual bigint NOT NULL,
-            PRIMARY KEY (host, device)
-        )
-        """,
+        postgres("pool_hosts"),
+        postgres("pool_devices"),
         """
         CREATE TABLE allocations (
             id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
@@ -322,24 +213,7 @@ _V5 = Migration(
             after_xid bigint NOT NULL
         )
         """,
-        """
-        CREATE TABLE notify_outbox (
-            event_id bigint NOT NULL,
-            hook_id text NOT NULL,
-            run_id text NOT NULL,
-            event text NOT NULL,
-            body text NOT NULL,
-            status text NOT NULL CHECK (status IN ('pending','sending','delivered','failed')),
-            attempts integer NOT NULL DEFAULT 0,
-            next_at double precision NOT NULL,
-            lease_until double precision,
-            claim text,
-            last_error text,
-            created_at double precision NOT NULL,
-            updated_at double precision NOT NULL,
-            PRIMARY KEY (event_id, hook_id)
-        )
-        """,
+        postgres("notify_outbox"),
         "CREATE INDEX notify_outbox_due ON notify_outbox (status, next_at)",
     ),
 )
@@ -350,29 +224,8 @@ _V6 = Migration(
     6,
     "step metrics (ctx.log_metrics) and their latest value per flow",
     (
-        """
-        CREATE TABLE step_metrics (
-            run_id text NOT NULL,
-            step text NOT NULL,
-            name text NOT NULL,
-            idx bigint NOT NULL,
-            value double precision,
-            epoch bigint NOT NULL,
-            time double precision NOT NULL,
-            PRIMARY KEY (run_id, step, name, idx),
-            FOREIGN KEY (run_id, step) REFERENCES tasks (run_id, step) ON DELETE CASCADE
-        )
-        """,
-        """
-        CREATE TABLE step_metrics_latest (
-            flow_name text NOT NULL,
-            step text NOT NULL,
-            name text NOT NULL,
-            value double precision,
-            time double precision NOT NULL,
-            PRIMARY KEY (flow_name, step, name)
-        )
-        """,
+        postgres("step_metrics"),
+        postgres("step_metrics_latest"),
     ),
 )
 
@@ -401,13 +254,6 @@ def _first(row: Any) -> Any:
     return next(iter(row.values())) if isinstance(row, dict) else row[0]
 
 
-def _too_new(label: str, found: int, known: int) -> StoreError:
-    return StoreError(
-        f"metadata store {label} has schema version {found}, newer than this segue "
-        f"supports ({known}); upgrade segue"
-    )
-
-
 def migrate(
     conn: psycopg.Connection[Any], label: str, migrations: tuple[Migration, ...] = MIGRATIONS
 ) -> int:
@@ -417,22 +263,15 @@ def migrate(
     newer than ``migrations`` know. A failing migration rolls back every step
     of this call (DDL included), leaving the old version.
     """
-    known = migrations[-1].version if migrations else 0
     found = schema_version(conn)
-    if found == known:  # fast path: no lock for an up-to-date database
-        return found
-    if found > known:
-        raise _too_new(label, found, known)
+    if not pending(migrations, found, label):
+        return found  # fast path: no lock for an up-to-date database
     conn.execute("BEGIN")
     try:
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK_KEY,))
         conn.execute(_VERSION_TABLE)
-        found = schema_version(conn)  # another process may have migrated meanwhile
-        if found > known:
-            raise _too_new(label, found, known)
-        for m in migrations:
-            if m.version <= found:
-                continue
+        # Another process may have migrated meanwhile.
+        for m in pending(migrations, schema_version(conn), label):
             for stmt in m.statements:
                 conn.execute(stmt)  # type: ignore[call-overload]  # frozen DDL text of this module
             conn.execute(
@@ -445,7 +284,7 @@ def migrate(
         if not conn.closed:
             conn.execute("ROLLBACK")
         raise
-    return known
+    return schema_version(conn)
 
 
 # -- one transaction ------------------------------------------------------------------------
@@ -515,12 +354,12 @@ def task_row(tx: Tx, run_id: str, step: str, *, lock: bool = False) -> Row:
 
 def fence(run_id: str, step: str, row: Row, epoch: int, *, need_running: bool = False) -> None:
     """FencedError unless ``epoch`` still holds the task; ``row`` must be locked."""
-    _check_epoch(run_id, step, cast(Any, row), epoch, need_running=need_running)
+    check_epoch(run_id, step, row, epoch, need_running=need_running)
     fault_point("store.fence_checked")  # tests stop a writer here, holding its locks
 
 
 def update_task(tx: Tx, run_id: str, step: str, changes: dict[str, Any]) -> Row:
-    bad = set(changes) - _TASK_COLUMNS
+    bad = set(changes) - TASK_COLUMNS
     if bad:
         raise ValueError(f"not task columns: {sorted(bad)}")
     cols = ", ".join(f"{c} = %s" for c in changes)  # names from the fixed set only
@@ -529,35 +368,40 @@ def update_task(tx: Tx, run_id: str, step: str, changes: dict[str, Any]) -> Row:
     return cast(Row, row)
 
 
-def insert_event(
-    tx: Tx,
-    run_id: str,
-    kind: str,
-    *,
-    actor: str,
-    reason: str,
-    t: float,
-    step: str | None = None,
-    from_state: str | None = None,
-    to_state: str | None = None,
-    data: dict[str, Any] | None = None,
-) -> Event:
+def insert_event(tx: Tx, run_id: str, kind: str, **fields: Unpack[EventFields]) -> Event:
     """Append an event. The caller holds the run's row lock (or created the run in
     this transaction): the id is drawn under it, so the run's ids follow commit order.
-    The same statement notifies ``EVENTS_CHANNEL`` with the run id: listeners wake
-    when the transaction commits (and never if it rolls back)."""
-    text = canonical_json(dict(data or {}))
-    frm = None if from_state is None else str(from_state)
-    to = None if to_state is None else str(to_state)
-    row = tx.one(
-        "INSERT INTO events (run_id, step, time, actor, kind, from_state, to_state, reason, data)"
-        " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id, pg_notify(%s, run_id)",
-        (run_id, step, t, str(actor), kind, frm, to, reason, text, EVENTS_CHANNEL))
-    return Event(id=int(cast(Row, row)["id"]), run_id=run_id, step=step, time=t, actor=str(actor),
-                 kind=kind, from_state=frm, to_state=to, reason=reason, data=json.loads(text))
+    A run's own event (one without a step) also notifies ``EVENTS_CHANNEL`` with the
+    run id, in the same statement: listeners wake when the transaction commits (and
+    never if it rolls back). A step's events do not (see :mod:`.postgres_listen`)."""
+    values = event_values(run_id, kind, **fields)
+    notify = ", pg_notify(%s, run_id)" if fields.get("step") is None else ""
+    row = tx.one(f"INSERT INTO events ({EVENT_COLUMNS}) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+                 f" RETURNING id{notify}", (*values, *([EVENTS_CHANNEL] if notify else [])))
+    return event_of(cast(Row, row)["id"], values)
 
 
-def event_record(r: Row) -> Event:
-    return Event(id=int(r["id"]), run_id=r["run_id"], step=r["step"], time=r["time"],
-                 actor=r["actor"], kind=r["kind"], from_state=r["from_state"],
-                 to_state=r["to_state"], reason=r["reason"], data=json.loads(r["data"]))
+def apply_task_move(tx: Tx, run_id: str, step: str, move: Move, row: Row) -> TaskRecord:
+    """Judge ``move`` on the task's ``row`` (locked, and fenced by the caller), then write
+    its changes and its event, at the database's clock."""
+    move.check(row["state"])
+    t = tx.now()
+    new = update_task(tx, run_id, step, resolve_changes(move.changes, row, t))
+    insert_event(tx, run_id, **event_args(move.event, row, t))
+    return task_record(new)
+
+
+def apply_run(tx: Tx, run_id: str, row: Row, changes: Mapping[str, Any],
+              event: EventDraft | None = None) -> Row:
+    """Write a run's ``changes`` (judged on its locked ``row``) and their ``event``, at
+    the database's clock; the run's new row."""
+    t = tx.now()
+    changes = resolve_changes(changes, row, t)
+    bad = set(changes) - RUN_COLUMNS
+    if bad:
+        raise ValueError(f"not run columns: {sorted(bad)}")
+    cols = ", ".join(f"{c} = %s" for c in changes)  # names from the fixed set only
+    new = tx.one(f"UPDATE runs SET {cols} WHERE run_id = %s RETURNING *", (*changes.values(), run_id))
+    if event is not None:
+        insert_event(tx, run_id, **event_args(event, row, t))
+    return cast(Row, new)

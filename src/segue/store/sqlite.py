@@ -14,58 +14,34 @@ import threading
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._canon import canonical_json
 from .._faults import fault_point
-from ..errors import (
-    ControllerConflictError,
-    FencedError,
-    IllegalTransitionError,
-    RunExistsError,
-    StoreError,
-)
-from ..states import Actor, RunState, TaskState, check_run, check_task
-from .base import (
-    CheckpointRecord,
-    Clock,
-    Event,
-    Heartbeat,
-    NewRun,
-    RunRecord,
-    Store,
-    TaskRecord,
-    now,
-)
+from ..errors import FencedError, RunExistsError, StoreError
+from ..states import RunState, TaskState
+from . import transitions as rules
+from .base import CheckpointRecord, Event, Heartbeat, NewRun, RunRecord, Store, TaskRecord, now
 from .busy import busy_error, is_busy
 from .busy import busy_timeout_s as busy_timeout_s_env
 from .migrations import connect
+from .records import checkpoint_record, event_record, run_record, task_record
 from .sqlite_hosts import SQLiteHostsMixin
 from .sqlite_pool import SQLitePoolMixin
 from .sqlite_rows import (
     PerThreadConnection,
-    _check_controller_epoch,
-    _check_epoch,
-    _checkpoint_record,
-    _event,
     _fetch_run,
     _fetch_task,
-    _fmt_time,
     _insert_event,
-    _run_record,
-    _task_record,
     _update_task,
-    check_handover,
+    apply_run,
+    apply_task_move,
     start_attempt_in,
 )
 from .sqlite_step_metrics import SQLiteStepMetricsMixin
 
-CHECKPOINT_STATUSES = frozenset({"committed", "quarantined", "pruned"})
-
-# Task columns a write may set. Column names are formatted into SQL, so they
-# must come from this fixed set, never from a caller.
-# Leaving RUNNING drops the attempt's claim on the task.
-_NO_ATTEMPT: dict[str, Any] = {"pid": None, "host": None, "lease_until": None}
+if TYPE_CHECKING:
+    from .base import Clock
 
 
 class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLiteStepMetricsMixin,
@@ -199,11 +175,11 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
                 conn, run.run_id, "run", actor=actor, reason="run created", t=t,
                 to_state=RunState.PENDING, data={"steps": steps},
             )
-            return _run_record(_fetch_run(conn, run.run_id))
+            return run_record(_fetch_run(conn, run.run_id))
 
     def get_run(self, run_id: str) -> RunRecord:
         with self._read() as conn:
-            return _run_record(_fetch_run(conn, run_id))
+            return run_record(_fetch_run(conn, run_id))
 
     def list_runs(self, *, states: Collection[RunState] | None = None, flow: str | None = None,
                   limit: int | None = None, offset: int = 0) -> list[RunRecord]:
@@ -219,7 +195,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
         sql += " ORDER BY created_at DESC, rowid DESC LIMIT ? OFFSET ?"
         args += [-1 if limit is None else int(limit), int(offset)]
         with self._read() as conn:
-            return [_run_record(r) for r in conn.execute(sql, args)]
+            return [run_record(r) for r in conn.execute(sql, args)]
 
     def run_counts(self) -> dict[tuple[RunState, str], int]:
         with self._read() as conn:
@@ -233,7 +209,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
             conn.execute("UPDATE runs SET options = ?, updated_at = ? WHERE run_id = ?",
                          (canonical_json(options), t, run_id))
             _insert_event(conn, run_id, "options", actor=actor, reason=reason, t=t, data=dict(options))
-            return _run_record(_fetch_run(conn, run_id))
+            return run_record(_fetch_run(conn, run_id))
 
     def transition_run(
         self,
@@ -245,30 +221,16 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
         only_from: Collection[RunState] | None = None,
         controller_epoch: int | None = None,
     ) -> RunRecord:
-        to = RunState(to)
+        move = rules.run_move(to, actor=actor, reason=reason, only_from=only_from)
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
             if controller_epoch is not None:
-                _check_controller_epoch(run_id, row, controller_epoch)
-            cur = RunState(row["state"])
-            if cur == to:
-                return _run_record(row)
-            check_run(cur, to)
-            if only_from is not None and cur not in only_from:
-                allowed = ", ".join(sorted(RunState(s).value for s in only_from))
-                raise IllegalTransitionError(
-                    "a run", cur.value, to.value, f"this change is only allowed from {allowed}"
-                )
-            t = self._clock()
-            conn.execute(
-                "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",
-                (to.value, t, run_id),
-            )
-            _insert_event(
-                conn, run_id, "run", actor=actor, reason=reason, t=t,
-                from_state=cur, to_state=to,
-            )
-            return _run_record(_fetch_run(conn, run_id))
+                rules.check_controller_epoch(run_id, row, controller_epoch)
+            if rules.is_noop(move, row["state"]):
+                return run_record(row)
+            move.check(row["state"])
+            apply_run(conn, run_id, row, self._clock(), move.changes, move.event)
+            return run_record(_fetch_run(conn, run_id))
 
     # -- controller lease ------------------------------------------------------
     def acquire_controller(
@@ -278,75 +240,36 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
             t = self._clock()
-            lease = row["controller_lease_until"]
-            live = lease is not None and lease > t
-            if expect_epoch is not None:
-                check_handover(run_id, row, expect_epoch)
-            elif live and not steal:
-                raise ControllerConflictError(
-                    f"run {run_id!r} is already driven by a live controller "
-                    f"(pid {row['controller_pid']} on host {row['controller_host']}, "
-                    f"lease until {_fmt_time(lease)}); wait for it, pause the run, "
-                    "or stop that process"
-                )
-            epoch = int(row["controller_epoch"]) + 1
-            conn.execute(
-                "UPDATE runs SET controller_epoch = ?, controller_pid = ?, controller_host = ?,"
-                " controller_lease_until = ?, updated_at = ? WHERE run_id = ?",
-                (epoch, pid, host, t + ttl_s, t, run_id),
-            )
-            data: dict[str, Any] = {
-                "epoch": epoch, "pid": pid, "host": host, "lease_until": t + ttl_s,
-            }
-            if live:
-                data["stolen_from"] = {
-                    "epoch": row["controller_epoch"],
-                    "pid": row["controller_pid"],
-                    "host": row["controller_host"],
-                }
-            _insert_event(
-                conn, run_id, "controller", actor=Actor.CONTROLLER, t=t, data=data,
-                reason="controller lease stolen" if live else "controller lease acquired",
-            )
-            return epoch
+            claim = rules.claim_controller(run_id, row, t, pid=pid, host=host, ttl_s=ttl_s,
+                                           steal=steal, expect_epoch=expect_epoch)
+            apply_run(conn, run_id, row, t, claim.changes, claim.event)
+            return claim.epoch
 
     def renew_controller(self, run_id: str, epoch: int, ttl_s: float) -> RunRecord:
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
-            _check_controller_epoch(run_id, row, epoch)
-            t = self._clock()
-            conn.execute(
-                "UPDATE runs SET controller_lease_until = ?, updated_at = ? WHERE run_id = ?",
-                (t + ttl_s, t, run_id),
-            )
-            return _run_record(_fetch_run(conn, run_id))
+            rules.check_controller_epoch(run_id, row, epoch)
+            apply_run(conn, run_id, row, self._clock(), rules.renew_changes(ttl_s))
+            return run_record(_fetch_run(conn, run_id))
 
     def release_controller(self, run_id: str, epoch: int) -> None:
         with self._write() as conn:
             row = _fetch_run(conn, run_id)
-            if row["controller_epoch"] != epoch or row["controller_lease_until"] is None:
+            event = rules.releases(row, epoch)
+            if event is None:
                 return  # superseded or already released: nothing of ours to give up
-            t = self._clock()
-            conn.execute(
-                "UPDATE runs SET controller_pid = NULL, controller_host = NULL,"
-                " controller_lease_until = NULL, updated_at = ? WHERE run_id = ?",
-                (t, run_id),
-            )
-            _insert_event(
-                conn, run_id, "controller", actor=Actor.CONTROLLER, t=t,
-                reason="controller lease released", data={"epoch": epoch},
-            )
+            apply_run(conn, run_id, row, self._clock(), rules.RELEASE_CONTROLLER, event)
 
     # -- tasks -----------------------------------------------------------------
     def get_tasks(self, run_id: str) -> list[TaskRecord]:
         with self._read() as conn:
             _fetch_run(conn, run_id)
             rows = conn.execute("SELECT * FROM tasks WHERE run_id = ? ORDER BY ord", (run_id,))
-            return [_task_record(r) for r in rows]
+            return [task_record(r) for r in rows]
 
     def get_task(self, run_id: str, step: str) -> TaskRecord:
         with self._read() as conn:
-            return _task_record(_fetch_task(conn, run_id, step))
+            return task_record(_fetch_task(conn, run_id, step))
 
     def transition_task(
         self,
@@ -363,48 +286,14 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
         next_attempt_at: float | None = None,
         reset_failures: bool = False,
     ) -> TaskRecord:
-        to = TaskState(to)
-        if to == TaskState.RUNNING:
-            # A RUNNING task without a new epoch would let the previous
-            # attempt's zombie write again: fencing needs start_attempt.
-            raise ValueError(
-                f"step {step!r} in run {run_id!r}: use start_attempt to move a task to RUNNING; "
-                "it raises the epoch that fences older attempts"
-            )
+        move = rules.task_move(run_id, step, to, actor=actor, reason=reason, only_from=only_from,
+                               count_failure=count_failure, error=error,
+                               next_attempt_at=next_attempt_at, reset_failures=reset_failures)
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
             if epoch is not None:
-                _check_epoch(run_id, step, row, epoch)
-            cur = TaskState(row["state"])
-            check_task(cur, to)
-            if only_from is not None and cur not in only_from:
-                allowed = ", ".join(sorted(TaskState(s).value for s in only_from))
-                raise IllegalTransitionError(
-                    "a task", cur.value, to.value, f"this change is only allowed from {allowed}"
-                )
-            t = self._clock()
-            failures = 0 if reset_failures else int(row["failures"])
-            changes: dict[str, Any] = {
-                "state": to.value,
-                "failures": failures + (1 if count_failure else 0),
-                # The backoff deadline only means something while RETRYING.
-                "next_attempt_at": next_attempt_at if to == TaskState.RETRYING else None,
-                "finished_at": t if to.done else None,
-                "updated_at": t,
-            }
-            if error is not None:
-                changes["error"] = error
-            if cur == TaskState.RUNNING:
-                changes.update(_NO_ATTEMPT)
-            _update_task(conn, run_id, step, changes)
-            data: dict[str, Any] = {"epoch": row["epoch"]}
-            if error is not None:
-                data["error"] = error
-            _insert_event(
-                conn, run_id, "task", step=step, actor=actor, reason=reason, t=t,
-                from_state=cur, to_state=to, data=data,
-            )
-            return _task_record(_fetch_task(conn, run_id, step))
+                rules.check_epoch(run_id, step, row, epoch)
+            return apply_task_move(conn, run_id, step, move, row, self._clock())
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         with self._write() as conn:
@@ -413,13 +302,13 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
-            _check_epoch(run_id, step, row, epoch, need_running=True)
+            rules.check_epoch(run_id, step, row, epoch, need_running=True)
             _update_task(conn, run_id, step, {"pid": pid, "host": host, "updated_at": self._clock()})
 
     def heartbeat(self, run_id: str, step: str, epoch: int, ttl_s: float) -> Heartbeat:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
-            _check_epoch(run_id, step, row, epoch, need_running=True)
+            rules.check_epoch(run_id, step, row, epoch, need_running=True)
             t = self._clock()
             lease = t + ttl_s
             _update_task(conn, run_id, step, {"lease_until": lease, "updated_at": t})
@@ -437,7 +326,7 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
     ) -> None:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
-            _check_epoch(run_id, step, row, epoch)
+            rules.check_epoch(run_id, step, row, epoch)
             _update_task(
                 conn, run_id, step,
                 {"progress_done": done, "progress_total": total, "updated_at": self._clock()},
@@ -458,32 +347,21 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
         position_json = canonical_json(position)
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
-            _check_epoch(run_id, step, row, epoch)
+            rules.check_epoch(run_id, step, row, epoch)
             newest = conn.execute(
                 "SELECT MAX(seq) FROM checkpoints WHERE run_id = ? AND step = ?", (run_id, step)
             ).fetchone()[0]
-            if newest is not None and seq <= newest:
-                raise StoreError(
-                    f"checkpoint seq {seq} of step {step!r} in run {run_id!r} does not exceed "
-                    f"the newest recorded seq {newest}; each checkpoint needs a larger seq"
-                )
+            rules.check_seq(run_id, step, seq, newest)
             t = self._clock()
             conn.execute(
                 "INSERT INTO checkpoints (run_id, step, seq, epoch, path, created_at, position,"
                 " nbytes, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'committed')",
                 (run_id, step, seq, epoch, path, t, position_json, nbytes),
             )
-            _insert_event(
-                conn, run_id, "checkpoint", step=step, actor=Actor.WORKER, t=t,
-                reason=f"checkpoint {seq} committed",
-                data={
-                    "seq": seq, "epoch": epoch, "path": path,
-                    "position": position, "nbytes": nbytes,
-                    **({} if duration_s is None else {"duration_s": duration_s}),
-                    **_progress_of(row),
-                },
-            )
-            return _checkpoint_record(
+            event = rules.checkpoint_event(row, step, seq=seq, epoch=epoch, path=path,
+                                           position=position, nbytes=nbytes, duration_s=duration_s)
+            _insert_event(conn, run_id, **rules.event_args(event, row, t))
+            return checkpoint_record(
                 conn.execute(
                     "SELECT * FROM checkpoints WHERE run_id = ? AND step = ? AND seq = ?",
                     (run_id, step, seq),
@@ -513,15 +391,12 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
                 sql += " AND c.step = ?"
                 params.append(step)
             sql += " ORDER BY t.ord, c.seq DESC"
-            return [_checkpoint_record(r) for r in conn.execute(sql, params)]
+            return [checkpoint_record(r) for r in conn.execute(sql, params)]
 
     def set_checkpoint_status(
         self, run_id: str, step: str, seq: int, status: str, *, actor: str, reason: str
     ) -> None:
-        if status not in CHECKPOINT_STATUSES:
-            raise ValueError(
-                f"checkpoint status must be one of {sorted(CHECKPOINT_STATUSES)}, not {status!r}"
-            )
+        rules.check_checkpoint_status(status)
         with self._write() as conn:
             _fetch_task(conn, run_id, step)
             row = conn.execute(
@@ -547,27 +422,9 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
     ) -> TaskRecord:
         with self._write() as conn:
             row = _fetch_task(conn, run_id, step)
-            _check_epoch(run_id, step, row, epoch)
-            cur = TaskState(row["state"])
-            check_task(cur, TaskState.SUCCEEDED)  # the table allows it only from RUNNING
-            t = self._clock()
-            _update_task(
-                conn, run_id, step,
-                {
-                    "state": TaskState.SUCCEEDED.value,
-                    "output_ref": output_ref,
-                    "next_attempt_at": None,
-                    "finished_at": t,
-                    "updated_at": t,
-                    **_NO_ATTEMPT,
-                },
-            )
-            _insert_event(
-                conn, run_id, "task", step=step, actor=actor, t=t, reason="output committed",
-                from_state=cur, to_state=TaskState.SUCCEEDED,
-                data={"epoch": epoch, "output_ref": output_ref},
-            )
-            return _task_record(_fetch_task(conn, run_id, step))
+            rules.check_epoch(run_id, step, row, epoch)
+            move = rules.complete_move(step, epoch=epoch, output_ref=output_ref, actor=actor)
+            return apply_task_move(conn, run_id, step, move, row, self._clock())
 
     # -- events ----------------------------------------------------------------
     def append_event(
@@ -597,15 +454,4 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
             args += list(kinds)
         with self._read() as conn:
             _fetch_run(conn, run_id)
-            return [_event(r) for r in conn.execute(sql + " ORDER BY id", args)]
-
-
-# -- helpers: connection setup ----------------------------------------------------
-
-
-def _progress_of(row: sqlite3.Row) -> dict[str, Any]:
-    """The step's reported progress as of a checkpoint commit, for its event: what the
-    UI charts (a position is the step's own, not progress)."""
-    if row["progress_done"] is None:
-        return {}
-    return {"progress": {"done": row["progress_done"], "total": row["progress_total"]}}
+            return [event_record(r) for r in conn.execute(sql + " ORDER BY id", args)]

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from .base import MetricPoint
-from .sqlite_rows import _check_epoch, _fetch_run, _fetch_task
+from .sqlite_rows import _fetch_run, _fetch_task
+from .transitions import check_epoch
 
 Points = Sequence[tuple[str, int, float | None]]
 
@@ -69,7 +70,7 @@ class SQLiteStepMetricsMixin:
         if not points:
             return 0
         with self._write() as conn:
-            _check_epoch(run_id, step, _fetch_task(conn, run_id, step), epoch)
+            check_epoch(run_id, step, _fetch_task(conn, run_id, step), epoch)
             t = self._clock()
             conn.executemany(UPSERT.format(m="?"), rows(run_id, step, points, epoch, t))
             flow = _fetch_run(conn, run_id)["flow_name"]

@@ -175,16 +175,20 @@ def plan(seed: int, kills: int, pauses: int, controller_share: float = 0.25) -> 
 
 
 class _Cli:
-    def __init__(self, workdir: Path, sandbox: Path, pool: Path | str | None, run_id: str) -> None:
+    def __init__(self, workdir: Path, sandbox: Path, pool: Path | str | None, run_id: str,
+                 store: str | None = None) -> None:
         self.workdir = workdir
         self.run_id = run_id
+        self.store_url = store
         # The sandboxes use the pool of the home verify was started from: a GPU
         # flow is placed on the same devices, and waits for the same runs.
-        # (By environment, as --pool exports it: a PostgreSQL URL stays out of argv.)
+        # So is the store verify was given (segue --store). Both as a user would set them
+        # for a command, in its environment: a PostgreSQL URL stays out of argv.
         # MARK: every process started from here carries it, so the reaper finds
         # them all (segue.verify.reaper), whatever ends the verify.
         self.env = {**os.environ, "SEGUE_HOME": str(workdir / ".segue"), "PYTHONUNBUFFERED": "1",
-                    MARK: str(sandbox), **({"SEGUE_POOL": str(pool)} if pool is not None else {})}
+                    MARK: str(sandbox), **({"SEGUE_POOL": str(pool)} if pool is not None else {}),
+                    **({"SEGUE_STORE": store} if store else {})}
         self._store: Any = None
 
     def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -199,7 +203,7 @@ class _Cli:
         # Read directly (milliseconds), not through `segue status` (a process
         # start): faults are gated on progress, polled often.
         if self._store is None:
-            self._store = Home.resolve(self.workdir / ".segue").open_store()
+            self._store = Home.resolve(self.workdir / ".segue", store=self.store_url).open_store()
         return self._store
 
     def state(self) -> RunState:
@@ -216,6 +220,7 @@ def run_verify(
     flow: Path, params: Sequence[str], *, kills: int, pauses: int, seed: int, base: Path,
     log: Callable[[str], None] = lambda s: None, ignore_outputs: frozenset[str] | set[str] = frozenset(),
     timeout_s: float = 3600, min_faults: int | None = None, pool: Path | str | None = None,
+    store: str | None = None,
 ) -> Report:
     cwd = Path.cwd()  # where the user's relative paths point; the runs work in their sandboxes
     flow = flow.resolve()
@@ -231,7 +236,7 @@ def run_verify(
     overrides = anchor_inputs(loaded.flow.steps, CLEAN_ID, resolve(loaded.flow.params, overrides),
                               overrides, clean_dir, cwd, log)
     values = resolve(loaded.flow.params, overrides)
-    clean = _Cli(clean_dir, base, pool, CLEAN_ID)
+    clean = _Cli(clean_dir, base, pool, CLEAN_ID, store)
     log("clean run ...")
     t0 = time.monotonic()
     proc = clean(*clean.run_args(flow, overrides), check=False)
@@ -242,14 +247,14 @@ def run_verify(
     totals = {t.step: float(t.progress_total) for t in clean.store.get_tasks(CLEAN_ID)
               if t.progress_total}
     log(f"clean run {clean_state} in {clean_s:.1f}s")
-    a = snapshot(clean_dir, Home.resolve(clean_dir / ".segue"), CLEAN_ID)
+    a = snapshot(clean_dir, Home.resolve(clean_dir / ".segue", store=store), CLEAN_ID)
     out = escaped(a.sinks, clean_dir, values, "clean")
     if out:  # the faulted run would write the same place: not run, nothing to compare
         return Report(clean_s=clean_s, faulted_s=0.0, clean_state=clean_state, faulted_state="NOT RUN",
                       min_faults=min_faults, has_sinks=True, escaped=out, remapped=remapped)
 
     faults = plan(seed, kills, pauses)
-    cli = _Cli(faulted_dir, base, pool, FAULTED_ID)
+    cli = _Cli(faulted_dir, base, pool, FAULTED_ID, store)
     log(f"faulted run with {kills} kills and {pauses} pause/resume cycles (seed {seed}) ...")
     deadline = time.monotonic() + timeout_s
     t0 = time.monotonic()
@@ -278,7 +283,7 @@ def run_verify(
     faulted_state = cli.state().value
     log(f"faulted run {faulted_state} in {faulted_s:.1f}s")
 
-    b = snapshot(faulted_dir, Home.resolve(faulted_dir / ".segue"), FAULTED_ID)
+    b = snapshot(faulted_dir, Home.resolve(faulted_dir / ".segue", store=store), FAULTED_ID)
     rep = Report(clean_s=clean_s, faulted_s=faulted_s, faults=report_faults,
                  diff=compare(a, b, ignore_outputs=ignore_outputs), clean_state=clean_state,
                  faulted_state=faulted_state, paused_s=clock.paused_s, min_faults=min_faults,

@@ -1,4 +1,8 @@
-"""A data step for the queue kill tests: a Redis stream -> transform -> JSONL, Parquet or a stream.
+"""A data step for the queue kill tests: a Redis stream or a RabbitMQ queue -> transform -> JSONL,
+Parquet or a stream.
+
+``url`` picks the broker: ``redis://`` reads the stream ``stream``, ``amqp://``
+the queue ``stream`` (with ``prefetch``).
 
 ``hold=PATH`` with ``hold_k=K``: the message with key K waits until PATH exists,
 saying so with ``PATH.held-EPOCH``, so every planned fault lands before the run
@@ -12,6 +16,7 @@ import time
 from segue import Flow
 from segue.data import JsonlSink, ParquetSink, run_map
 from segue.data.sinks.redis_stream import RedisStreamSink
+from segue.data.sources.rabbitmq import RabbitMQSource
 from segue.data.sources.redis_stream import RedisStreamSource
 
 flow = Flow(
@@ -24,6 +29,7 @@ flow = Flow(
         "sleep_ms": 0,
         "hold": "",
         "hold_k": -1,
+        "prefetch": 200,
     },
 )
 
@@ -42,7 +48,14 @@ def consume(ctx):
         return {"k": r["k"], "v": r["v"].upper()}
 
     # Every message is in the stream before the run starts: one empty read means drained.
-    src = RedisStreamSource(p["url"], p["stream"], drain_after_empty_reads=1, block_ms=0)
+    if p["url"].startswith("amqp"):
+        # A kill campaign delivers a held message again at every kill: not poison.
+        src = RabbitMQSource(
+            p["url"], p["stream"], drain_after_empty_reads=1, block_ms=50,
+            prefetch=p["prefetch"], max_deliveries=1000,
+        )
+    else:
+        src = RedisStreamSource(p["url"], p["stream"], drain_after_empty_reads=1, block_ms=0)
     if p["sink"] == "redis":  # the stream "out" on the same server
         sink = RedisStreamSink(p["url"], "out")
     else:

@@ -37,6 +37,10 @@ class Batch:
     position: Position
     nbytes: int  # input bytes consumed by this batch (0 where unknown)
     has_bad: bool = False  # some records are BadRecord (the driver checks only then)
+    # The source cannot read on until a commit acknowledges what it read (a queue's
+    # prefetch window is full, or a redelivery count must be durable first): the
+    # driver checkpoints at once instead of waiting for checkpoint_due.
+    flush: bool = False
 
 
 class Shard(ABC):

@@ -34,13 +34,13 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..._faults import fault_point
-from .._redis import connect
-from ..errors import DataError, PositionError
-from .base import BadRecord, Batch, Position, Shard, Source
+from .._redis import connect, probe
+from ..errors import DataError
+from .base import BadRecord, Batch, Position
+from .queue import QueueSource, decode_json, poison
 
 PENDING_PAGE = 1000
 
@@ -50,26 +50,7 @@ def _sid(stream_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-@dataclass
-class StreamShard(Shard):
-    source: RedisStreamSource = field(repr=False, compare=False)
-    key: str = "00000"
-
-    def start(self) -> Position:
-        return {"records": 0, "ids": [], "after": None, "to": None}
-
-    def read(self, position: Position, batch: int = 512) -> Iterator[Batch]:
-        # The window ``position`` names was acknowledged by after_commit at restore.
-        return self.source.read_from(int(position.get("records", 0)), batch)
-
-    def split(self, position: Position) -> None:
-        return None  # one consumer per step: nothing to hand to another reader
-
-    def to_json(self) -> dict[str, Any]:
-        return {"kind": "stream", "key": self.key}
-
-
-class RedisStreamSource(Source):
+class RedisStreamSource(QueueSource):
     """Entries of the Redis stream ``stream`` at ``url`` (``redis://host:port/db``).
 
     Each entry's ``field`` (default ``"data"``) is decoded as JSON to give the
@@ -82,7 +63,7 @@ class RedisStreamSource(Source):
     """
 
     kind = "redis-stream"
-    queue = True
+    shard_kind = "stream"
 
     def __init__(
         self,
@@ -107,14 +88,17 @@ class RedisStreamSource(Source):
             raise ValueError(
                 f"start must be '0' (the whole stream) or '$' (new entries only), not {start!r}"
             )
-        if max_deliveries < 1:
-            raise ValueError(f"max_deliveries must be >= 1, not {max_deliveries}")
+        super().__init__(
+            block_ms=block_ms,
+            drain_idle_s=drain_idle_s,
+            drain_after_empty_reads=drain_after_empty_reads,
+            max_messages=max_messages,
+            max_deliveries=max_deliveries,
+            clock=clock,
+        )
         self.url, self.stream, self.group, self.start = url, stream, group, start
         self.consumer, self.field, self.id_key = consumer, field, id_key
-        self.block_ms, self.drain_idle_s = int(block_ms), drain_idle_s
-        self.drain_after_empty_reads, self.max_messages = drain_after_empty_reads, max_messages
-        self.max_deliveries, self.claim_idle_ms = int(max_deliveries), claim_idle_ms
-        self.create_stream, self.clock = create_stream, clock
+        self.claim_idle_ms, self.create_stream = claim_idle_ms, create_stream
         self.acked = 0  # acknowledged by this attempt (after_commit)
         self._conn: Any = None
         self._me = ""
@@ -123,22 +107,17 @@ class RedisStreamSource(Source):
         self._after: str | None = None  # phase 3: (after, to] read since the last ack
         self._to: str | None = None
 
-    # -- the Source contract ------------------------------------------------------
-    def snapshot(self) -> dict[str, Any]:
-        return {"kind": self.kind, "items": {self.stream: {}}}
+    # -- the QueueSource contract -------------------------------------------------
+    @property
+    def input_name(self) -> str:
+        return self.stream
 
-    def pinned(
-        self, snapshot: dict[str, Any], now: dict[str, Any], policy: str, step: str = "?"
-    ) -> dict[str, Any]:
-        return now  # a queue is unbounded by nature: new messages are never an input change
+    def start_position(self) -> Position:
+        return {"records": 0, "ids": [], "after": None, "to": None}
 
-    def shards(self, snapshot: dict[str, Any]) -> list[Shard]:
-        return [StreamShard(self)]
-
-    def shard_from_json(self, data: dict[str, Any]) -> Shard:
-        if data.get("kind") != "stream":
-            raise PositionError(f"shard {data!r} is not a stream shard")
-        return StreamShard(self, data["key"])
+    def probe(self) -> None:
+        """Refuse an unreachable server, a refused login or a missing stream (``segue run``)."""
+        probe(self.url, self.stream, must_exist=not self.create_stream)
 
     # -- the attempt -------------------------------------------------------------
     @property
@@ -202,8 +181,8 @@ class RedisStreamSource(Source):
     def _position(self) -> Position:
         return {"records": self._n, "ids": list(self._ids), "after": self._after, "to": self._to}
 
-    def read_from(self, records: int, batch: int) -> Iterator[Batch]:
-        self._n = records
+    def read_from(self, position: Position, batch: int) -> Iterator[Batch]:
+        self._n = int(position.get("records", 0))
         r, s, g, me = self.conn, self.stream, self.group, self._me
         cursor = "0"
         while True:  # 1. our own pending entries: read before the crash, never committed
@@ -231,20 +210,17 @@ class RedisStreamSource(Source):
 
     def _read_new(self, batch: int) -> Iterator[Batch]:
         """3. New entries, until the drain condition holds."""
-        r, empties, idle_since = self.conn, 0, self.clock()
+        r = self.conn
+        drain = self.drain()
         block = self.block_ms or None  # redis-py: block=0 would wait forever
-        while self.max_messages is None or self._n < self.max_messages:
-            count = batch if self.max_messages is None else min(batch, self.max_messages - self._n)
+        while count := drain.room(self._n, batch):
             got = r.xreadgroup(self.group, self._me, {self.stream: ">"}, count=count, block=block)
             entries = got[0][1] if got else []
             if entries:
-                empties, idle_since = 0, self.clock()
+                drain.arrived()
                 yield self._batch(entries, {}, explicit=False)
                 continue
-            empties += 1
-            if self.drain_after_empty_reads is not None and empties >= self.drain_after_empty_reads:
-                return
-            if self.drain_idle_s is not None and self.clock() - idle_since >= self.drain_idle_s:
+            if drain.empty_read():
                 return
             yield Batch([], self._position(), 0)  # the step may checkpoint or park while it waits
 
@@ -289,11 +265,8 @@ class RedisStreamSource(Source):
                 f"message {mid} was trimmed from stream {self.stream!r} before it was processed",
             )
         if deliveries > self.max_deliveries:
-            return BadRecord(
-                json.dumps({"id": mid, "fields": fields}),
-                f"message {mid} was delivered {deliveries} times, more than "
-                f"max_deliveries={self.max_deliveries}",
-            )
+            raw = json.dumps({"id": mid, "fields": fields})
+            return poison(raw, f"message {mid}", deliveries, self.max_deliveries)
         if self.field is None:
             rec: Any = dict(fields)
         elif self.field not in fields:
@@ -302,13 +275,9 @@ class RedisStreamSource(Source):
                 f"message {mid} has no field {self.field!r}",
             )
         else:
-            try:
-                rec = json.loads(fields[self.field])
-            except ValueError as exc:
-                return BadRecord(
-                    fields[self.field],
-                    f"message {mid}: field {self.field!r} is not valid JSON ({exc})",
-                )
+            rec = decode_json(fields[self.field], f"message {mid}: field {self.field!r}")
+            if type(rec) is BadRecord:
+                return rec
         if self.id_key is not None and isinstance(rec, dict):
             rec = {**rec, self.id_key: mid}
         return rec

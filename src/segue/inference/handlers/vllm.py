@@ -20,7 +20,7 @@ from typing import Any
 from ...errors import UsageError
 from ..handler import ModelHandler, free_torch_cuda_cache
 from ._files import existing, files_identity
-from .generate import check_model_dir, completion, generate_options, parse_requests
+from .generate import Prompt, check_model_dir, completion, generate_options, parse_requests
 
 
 def request_seed(seed: int, rid: str) -> int:
@@ -83,7 +83,8 @@ class VLLMHandler(ModelHandler[Any]):
         from vllm import SamplingParams
 
         o = self.options
-        prompts = parse_requests(batch, chat=o.chat)
+        parsed = parse_requests(batch, chat=o.chat)
+        prompts = [p for p in parsed if isinstance(p, Prompt)]
         tok = model.get_tokenizer()
         texts = []
         for p in prompts:
@@ -95,12 +96,15 @@ class VLLMHandler(ModelHandler[Any]):
         params = [SamplingParams(max_tokens=o.max_new_tokens, temperature=o.temperature, top_p=o.top_p,
                                  top_k=o.top_k if o.top_k else -1, stop=list(o.stop) or None,
                                  seed=request_seed(o.seed, p.rid)) for p in prompts]
-        outs = model.generate(texts, params, use_tqdm=False)
-        result = []
-        for p, out in zip(prompts, outs, strict=True):
-            c = out.outputs[0]
+        outs = iter(model.generate(texts, params, use_tqdm=False) if prompts else [])
+        result: list[Any] = []
+        for q in parsed:  # a rejected request stays a Rejected in its place (dead-lettered)
+            if not isinstance(q, Prompt):
+                result.append(q)
+                continue
+            c = (out := next(outs)).outputs[0]
             finish = "length" if c.finish_reason == "length" else "stop"
-            result.append(completion(p, c.text, list(c.token_ids), finish, len(out.prompt_token_ids)))
+            result.append(completion(q, c.text, list(c.token_ids), finish, len(out.prompt_token_ids)))
         return result
 
     def release(self, model: Any) -> None:
