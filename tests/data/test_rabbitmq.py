@@ -98,8 +98,11 @@ def test_a_crash_before_the_commit_redelivers_its_messages_and_they_are_redone(
     with pytest.raises(Crash):
         run_map(run.attempt(crash="before", crash_after=2), source(mq, queue), fn,
                 JsonlSink(tmp_path / "out"), read_batch=50)
-    assert len(read_jsonl_dir(tmp_path / "out")) == 100
-    assert state(mq, queue) == (400, 0)  # the third batch was read, never committed: back
+    # Two commits published what they covered: a read takes what has arrived, up to 50
+    # (CI once saw 74, not 100: a batch cut short by messages still on their way).
+    published = len(read_jsonl_dir(tmp_path / "out"))
+    assert 0 < published <= 100 and published == run.state["cursor"]["position"]["records"]
+    assert state(mq, queue) == (500 - published, 0)  # the third batch was read, never committed: back
     src = source(mq, queue)
     run_map(run.attempt(), src, fn, JsonlSink(tmp_path / "out"), read_batch=50)
     check_once(tmp_path / "out", 500)
@@ -114,7 +117,11 @@ def test_a_crash_between_commit_and_ack_drops_the_redelivered_messages_by_the_le
     with pytest.raises(Crash):  # committed the third batch, then died: not published, not acked
         run_map(run.attempt(crash="after", crash_after=2), source(mq, queue), fn,
                 JsonlSink(tmp_path / "out"), read_batch=50)
-    assert state(mq, queue) == (200, 0)  # the tags died with the channel: redelivered
+    # A read takes what has arrived (up to 50): count from the last commit's position.
+    pos = run.state["cursor"]["position"]
+    covered, unacked = pos["records"], len(pos["window"])  # the window: committed, never acked
+    assert 0 < unacked <= 50 < covered
+    assert state(mq, queue) == (300 - covered + unacked, 0)  # the tags died with the channel: redelivered
     src = source(mq, queue)
     got: list[int] = []
 
@@ -124,9 +131,9 @@ def test_a_crash_between_commit_and_ack_drops_the_redelivered_messages_by_the_le
 
     run_map(run.attempt(), src, spy, JsonlSink(tmp_path / "out"), read_batch=50)
     check_once(tmp_path / "out", 300)
-    # The 50 committed ones were published by the restore and dropped by the ledger.
-    assert sorted(got) == list(range(150, 300)), got[:10]
-    assert src.dropped == 50 and src.acked == 200
+    # The committed ones were published by the restore and dropped by the ledger.
+    assert sorted(got) == list(range(covered, 300)), got[:10]
+    assert src.dropped == unacked and src.acked == 300 - covered + unacked
     assert state(mq, queue) == (0, 0)
 
 
@@ -171,7 +178,9 @@ def test_a_pause_parks_with_every_published_message_acked_and_new_ones_are_read_
         run_map(run.attempt(pause_after=3), source(mq, queue, prefetch=40), fn,
                 JsonlSink(tmp_path / "out"), read_batch=40)
     published = len(read_jsonl_dir(tmp_path / "out"))
-    assert published == 160 and state(mq, queue) == (400 - published, 0)
+    # Parked after the commits it made (a read takes what has arrived, up to 40), all acked.
+    assert 0 < published <= 160 and published == run.state["cursor"]["position"]["records"]
+    assert state(mq, queue) == (400 - published, 0)
     produce(mq, queue, 100, first=400)  # a producer goes on while the step is parked
     run_map(run.attempt(), source(mq, queue), fn, JsonlSink(tmp_path / "out"), read_batch=40)
     check_once(tmp_path / "out", 500)
