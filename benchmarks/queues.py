@@ -18,7 +18,9 @@ before a ratio is printed. ``vs_plain_consumer`` = plain time / segue time (goal
 the median over tries with both sides' samples. ``redelivered_after_kill``: one more segue
 run whose worker is SIGKILLed once half the messages are acked: the messages its flow
 processed twice (counted from a trace file) and the seconds from the kill to the first new
-acknowledgement (``time_to_first_new_ack_s``, polled from ``XINFO GROUPS``).
+acknowledgement (``time_to_first_new_ack_s``, polled from ``XINFO GROUPS``). The kill lands at a
+seeded moment (0.2-0.8 s) after a third of the messages were processed (the message at 2/3
+waits until then, so the run cannot end first).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -145,8 +148,10 @@ class SegueSide:
         self.home = Home.resolve(work / "home")
         self.store = self.home.open_store()
 
-    def start(self, rs: Redis, stream: str, out: Path, batch: int, trace: str = "") -> str:
-        params = {"url": rs.url, "stream": stream, "out": str(out), "batch": batch, "trace": trace}
+    def start(self, rs: Redis, stream: str, out: Path, batch: int, trace: str = "", hold: str = "",
+              hold_k: int = -1) -> str:
+        params = {"url": rs.url, "stream": stream, "out": str(out), "batch": batch, "trace": trace,
+                  "hold": hold, "hold_k": hold_k}
         prepared = ops.prepare_run(FLOW, params, run_id=stream)
         ops.create_run(self.store, prepared)
         ops.spawn_detached(self.home, stream)
@@ -168,23 +173,32 @@ class SegueSide:
         wall = time.perf_counter() - t0
         return {"s": wall, "why_not_equal": check(read_jsonl(sorted(out.glob("part-*.jsonl"))), n)}
 
-    def killed(self, rs: Redis, n: int, batch: int) -> dict[str, Any]:
+    def killed(self, rs: Redis, n: int, batch: int, seed: int) -> dict[str, Any]:
         stream, out, trace = "segue-kill", self.work / "segue-kill", self.work / "trace"
         r = rs.client()
         produce(r, stream, n)
-        run = self.start(rs, stream, out, batch, trace=str(trace))
+        hold = self.work / "hold"  # the message 2n/3 waits for it: the run outlives the kill
+        run = self.start(rs, stream, out, batch, trace=str(trace), hold=str(hold), hold_k=2 * n // 3)
         task = lambda: self.store.get_task(run, "consume")  # noqa: E731
-        t = pb.wait_until(lambda: acked(r, stream, GROUP) >= n // 2 and (x := task()).pid and x,
-                          600, 0.005, "half the messages acked")
+
+        def processed() -> int:
+            return trace.read_bytes().count(b"\n") if trace.exists() else 0
+
+        # A third processed, then a kill at a seeded moment within the next checkpoint interval
+        # (1 s): a kill right at an ack would find nothing in flight.
+        pb.wait_until(lambda: processed() >= n // 3, 600, 0.01, "a third of the messages processed")
+        time.sleep(random.Random(seed).uniform(0.2, 0.8))
+        t = pb.wait_until(lambda: (x := task()).pid and x, 60, 0.01, "the running attempt")
         before = acked(r, stream, GROUP)
         t0 = time.perf_counter()
         os.kill(t.pid, signal.SIGKILL)
+        hold.touch()
         pb.wait_until(lambda: acked(r, stream, GROUP) > before, 600, 0.005, "a new ack after the kill")
         first_ack = time.perf_counter() - t0
         self.wait_done(run)
-        processed = len(trace.read_text().split())
+        total = processed()
         fails = [e for e in self.store.list_events(run) if e.kind == "failure" and "SIGKILL" in e.reason]
-        return {"redelivered_after_kill": processed - n, "time_to_first_new_ack_s": round(first_ack, 3),
+        return {"redelivered_after_kill": total - n, "time_to_first_new_ack_s": round(first_ack, 3),
                 "kills_landed": len(fails), "acked_at_kill": before,
                 "why_not_equal": check(read_jsonl(sorted(out.glob("part-*.jsonl"))), n),
                 "xpending_at_end": int(r.xpending(stream, GROUP)["pending"])}
@@ -199,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--batch", type=int, default=500)
     ap.add_argument("--tries", type=int, default=None)
+    ap.add_argument("--seed", type=int, default=1, help="when, within a checkpoint interval, the kill lands")
     a = ap.parse_args(argv)
     why = missing()
     if why:  # as benchmarks.cluster without PostgreSQL: said, not failed
@@ -214,7 +229,7 @@ def main(argv: list[str] | None = None) -> None:
         for i in range(tries):  # alternate the sides, so drift on a loaded machine hits both
             plain.append(plain_try(rs, work, n, a.batch, i))
             segue.append(seg.timed(rs, n, a.batch, i))
-        kill = seg.killed(rs, n, a.batch)
+        kill = seg.killed(rs, n, a.batch, a.seed)
     finally:
         rs.stop()
         shutil.rmtree(work, ignore_errors=True)
