@@ -275,7 +275,10 @@ def test_bench_generate_handler_reports_ttft_prefill_decode_and_cost(gen: dict[s
     for b in doc["batches"]:
         assert b["batches"] >= 3 and b["peak_bytes"] > 0 and b["fits"] is True
         assert 0 < b["ttft_p50_s"] <= b["p50_batch_s"]
-        assert b["prefill_tokens_per_s"] > 0 and b["decode_tokens_per_s"] > 0 and b["tokens_per_s"] > 0
+        assert b["prefill_tokens_per_s"] > 0 and b["tokens_per_s"] > 0
+        # None (said, never a negative rate) when the timed first-token runs took as long as the
+        # whole generations: noise on a loaded machine (CI saw it once).
+        assert b["decode_tokens_per_s"] is None or b["decode_tokens_per_s"] > 0
         assert b["completion_tokens"] > 0 and b["seq_len"] > 8
         assert b["cost_per_million_tokens"] == pytest.approx(
             doc["price_per_hour"] / 3600 / b["tokens_per_s"] * 1e6, rel=1e-3)
