@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from segue.inference.handlers import TransformersGenerateHandler
+from segue.inference.testing import TokenCount
 
 MODEL = Path(os.environ.get("SEGUE_GEN_MODEL", Path(__file__).resolve().parent / ".models" / "demo-llama"))
 SHAPE = {"layers": 4, "hidden": 256, "heads": 8, "kv_heads": 4, "vocab": 1024, "seed": 0}
@@ -51,41 +52,6 @@ def handler(**hints: Any) -> TransformersGenerateHandler:
                                        max_new_tokens=NEW_TOKENS, checkpoint_tokens=16, **hints)
 
 
-class TokenCount:
-    """The batch in flight's state, passed through, counting the tokens this process generated.
-
-    Only the demo needs it, to show what a preemption cost: every time the
-    handler hands over the batch's tokens so far (at each checkpoint offer,
-    where a pause parks, and at the batch's end) it rewrites ``tokens-PID`` in
-    ``where`` with the tokens this process generated itself (restored ones not
-    counted). Summed over the attempts, less the tokens published, that is the
-    work done twice.
-    """
-
-    made: dict[str, int] = {}  # first request id of a batch -> tokens this process generated for it
-
-    def __init__(self, unit: Any, where: str) -> None:
-        self.unit, self.where = unit, where
-        self.restored = sum(len(v["tokens"]) for v in unit.resumed.values())
-        self.key = ""
-
-    def get(self, rid: str) -> Any:
-        return self.unit.get(rid)
-
-    def update(self, entries: dict[str, Any]) -> None:
-        self.unit.update(entries)
-        self.key = self.key or min(entries)
-        self.made[self.key] = sum(len(v["tokens"]) for v in self.unit.saved.values()) - self.restored
-        tmp = os.path.join(self.where, f".tokens-{os.getpid()}")
-        with open(tmp, "w") as f:
-            f.write(str(sum(self.made.values())))
-        os.replace(tmp, os.path.join(self.where, f"tokens-{os.getpid()}"))
-
-    def offer(self) -> None:
-        self.unit.offer()
-
-
 def count_tokens(model: Any, where: str) -> None:
-    """Count the tokens of the batch ``model`` is about to generate (see :class:`TokenCount`)."""
-    if where and model.unit is not None and not isinstance(model.unit, TokenCount):
-        model.unit = TokenCount(model.unit, where)
+    """Count the tokens of the batch ``model`` is about to generate (segue.inference.testing.TokenCount)."""
+    TokenCount.attach(model, where)

@@ -26,6 +26,7 @@ from pause_gate import write_atomic_text
 from segue import Flow
 from segue.data import JsonlSource, ParquetSink
 from segue.inference.handlers import TransformersGenerateHandler
+from segue.inference.testing import TokenCount
 
 flow = Flow("bench_generate", params={"input": "", "out": "", "probe": ""})
 
@@ -35,30 +36,12 @@ llm = TransformersGenerateHandler(
     max_new_tokens=int(os.environ.get("BENCH_GEN_TOKENS", "64")),
     checkpoint_tokens=int(os.environ.get("BENCH_GEN_CHUNK", "16")), device="cpu")
 
-_made: dict[str, int] = {}  # first request id of a batch -> tokens this process generated for it
+class TokenProbe(TokenCount):
+    """Counts the tokens this process generated; marks ``mid`` once a second batch began."""
 
-
-class TokenProbe:
-    """The batch's UnitState, passed through, counting the tokens this process generated."""
-
-    def __init__(self, unit: Any, where: str) -> None:
-        self.unit, self.where = unit, where
-        self.restored = sum(len(v["tokens"]) for v in unit.resumed.values())
-        self.key = ""
-
-    def get(self, rid: str) -> Any:
-        return self.unit.get(rid)
-
-    def update(self, entries: dict[str, Any]) -> None:
-        self.unit.update(entries)
-        self.key = self.key or min(entries)
-        _made[self.key] = sum(len(v["tokens"]) for v in self.unit.saved.values()) - self.restored
-        write_atomic_text(self.where, f"tokens-{os.getpid()}", str(sum(_made.values())))
-        if len(_made) >= 2 and not os.path.exists(os.path.join(self.where, "mid")):
+    def counted(self, made: dict[str, int]) -> None:
+        if len(made) >= 2 and not os.path.exists(os.path.join(self.where, "mid")):
             write_atomic_text(self.where, "mid", json.dumps({"t": time.time(), "pid": os.getpid()}))
-
-    def offer(self) -> None:
-        self.unit.offer()
 
 
 def _source(ctx: Any) -> JsonlSource:
@@ -72,7 +55,6 @@ def _sink(ctx: Any) -> ParquetSink:
 
 @flow.map(source=_source, sink=_sink, model=llm, retries=3, checkpoint_every="2s")
 def generate(batch: list[dict[str, Any]], model: Any, params: dict[str, Any]) -> list[dict[str, Any]]:
-    if params["probe"] and model.unit is not None and not isinstance(model.unit, TokenProbe):
-        model.unit = TokenProbe(model.unit, params["probe"])
+    TokenProbe.attach(model, params["probe"])
     return [{"id": c["id"], "token_ids": c["token_ids"], "text": c["text"],
              "finish_reason": c["finish_reason"]} for c in model(batch)]

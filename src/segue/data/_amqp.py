@@ -11,9 +11,9 @@ retries with backoff once a run is going (a broker restarting), while
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ..errors import DataError
+from ._urls import redact
 
 EXTRA_HINT = "pip install 'segue[amqp]'"
 
@@ -22,17 +22,6 @@ class BrokerUnreachable(ConnectionError):
     """No AMQP connection could be opened (refused, timed out, lost while opening)."""
 
     segue_retryable = True
-
-
-def redact(url: str) -> str:
-    """``url`` without its password: messages and events must not carry it."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}"
-    if parts.port is not None:
-        netloc += f":{parts.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _pika(what: str) -> Any:

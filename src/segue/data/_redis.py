@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._amqp import redact
+from ._urls import redact
 from .errors import DataError
 
 EXTRA_HINT = "pip install 'segue[redis]'"

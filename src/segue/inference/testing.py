@@ -106,3 +106,47 @@ def _model(out: Path, tok: object, *, layers: int, hidden: int, heads: int, kv_h
     model.generation_config = GenerationConfig(pad_token_id=ids[PAD], bos_token_id=ids[BOS],
                                                eos_token_id=ids[EOS])
     model.save_pretrained(str(out), safe_serialization=True)
+
+
+class TokenCount:
+    """A generate handler's batch state (``model.unit``), passed through, counting the tokens
+    this process generated: the demo and ``benchmarks.generate`` show what a preemption cost.
+
+    Every time the handler hands over the batch's tokens so far (at each checkpoint offer,
+    where a pause parks, and at the batch's end) it rewrites ``tokens-PID`` in ``where`` with
+    the tokens this process generated itself (restored ones not counted). Summed over the
+    attempts, less the tokens published, that is the work done twice. :meth:`counted` is a
+    hook for subclasses, called with the per-batch counts after each rewrite.
+    """
+
+    made: dict[str, int] = {}  # first request id of a batch -> tokens this process generated for it
+
+    def __init__(self, unit: Any, where: str) -> None:
+        self.unit, self.where = unit, where
+        self.restored = sum(len(v["tokens"]) for v in unit.resumed.values())
+        self.key = ""
+
+    def get(self, rid: str) -> Any:
+        return self.unit.get(rid)
+
+    def update(self, entries: dict[str, Any]) -> None:
+        self.unit.update(entries)
+        self.key = self.key or min(entries)
+        self.made[self.key] = sum(len(v["tokens"]) for v in self.unit.saved.values()) - self.restored
+        tmp = os.path.join(self.where, f".tokens-{os.getpid()}")
+        with open(tmp, "w") as f:
+            f.write(str(sum(self.made.values())))
+        os.replace(tmp, os.path.join(self.where, f"tokens-{os.getpid()}"))
+        self.counted(self.made)
+
+    def offer(self) -> None:
+        self.unit.offer()
+
+    def counted(self, made: dict[str, int]) -> None:
+        """Called after each rewrite of the count (nothing by default)."""
+
+    @classmethod
+    def attach(cls, model: Any, where: str) -> None:
+        """Count the tokens of the batch ``model`` is about to generate (no-op without ``where``)."""
+        if where and model.unit is not None and not isinstance(model.unit, cls):
+            model.unit = cls(model.unit, where)

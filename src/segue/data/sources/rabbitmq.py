@@ -42,7 +42,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ..._faults import fault_point
-from .._amqp import BrokerUnreachable, check_queue, connect, probe, redact
+from .._amqp import BrokerUnreachable, check_queue, connect, probe
+from .._urls import redact
 from .base import BadRecord, Batch, Position
 from .queue import IdLedger, QueueSource, decode_json, poison
 
