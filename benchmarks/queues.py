@@ -21,6 +21,16 @@ processed twice (counted from a trace file) and the seconds from the kill to the
 acknowledgement (``time_to_first_new_ack_s``, polled from ``XINFO GROUPS``). The kill lands at a
 seeded moment (0.2-0.8 s) after a third of the messages were processed (the message at 2/3
 waits until then, so the run cannot end first).
+
+    python -m benchmarks.queues --campaign [--messages 100000] [--kills 20] [--amqp]
+
+runs the issue's kill campaign instead (tests/data/test_redis_stream_kills.py's
+``redis_campaign``, the same code the suite runs at 10,000 messages): ``--messages``
+(default 100,000) from a stream through the map step into JSONL, then into the Redis
+stream sink, each under ``--kills`` landed SIGKILLs of the worker and the controller
+(counted), checked against a clean run's output (every key once, transformed), with
+``XPENDING`` empty and every entry acked at the end. ``--amqp`` adds RabbitMQ's campaign
+(tests/data/test_rabbitmq_kills.py at 50,000 messages, through pytest).
 """
 
 from __future__ import annotations
@@ -204,11 +214,50 @@ class SegueSide:
                 "xpending_at_end": int(r.xpending(stream, GROUP)["pending"])}
 
 
+def campaign(n: int, kills: int, amqp: bool) -> dict[str, Any]:
+    """The issue's kill campaigns, through the tests' own campaign code (see the docstring)."""
+    root = Path(__file__).resolve().parent.parent
+    for d in (root / "tests", root / "tests" / "data"):
+        sys.path.insert(0, str(d))
+    from brokerkit import RedisServer
+    from segue_helpers import Segue
+    from test_redis_stream_kills import redis_campaign
+
+    out: dict[str, Any] = {"messages": n, "kills": kills, "redis": []}
+    for kind in ("jsonl", "redis"):
+        work = Path(tempfile.mkdtemp(prefix=f"segue-campaign-{kind}-"))
+        pb.private_pool(work)
+        server = RedisServer.start(work / "redis")
+        try:
+            done = redis_campaign(Segue(work / "home"), server, work, kind, n, kills,
+                                  sleep="sleep_us=500")
+        finally:
+            server.stop()
+        out["redis"].append(done)
+        print(json.dumps(done), file=sys.stderr, flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+    if amqp:
+        env = {**os.environ, "SEGUE_AMQP_CAMPAIGN_N": "50000"}
+        t0 = time.monotonic()
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+             str(root / "tests" / "data" / "test_rabbitmq_kills.py"), "-k", "sigkill_campaign"],
+            capture_output=True, text=True, env=env, cwd=root, timeout=3600)
+        line = next((x for x in proc.stdout.splitlines() if "rabbitmq campaign:" in x), "")
+        out["rabbitmq"] = {"passed": proc.returncode == 0, "summary": line.strip(),
+                           "seconds": round(time.monotonic() - t0, 1)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.queues")
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="100k messages, 3 tries a side")
     mode.add_argument("--smoke", action="store_true", help="2k messages, 1 try: checks it runs (CI)")
+    mode.add_argument("--campaign", action="store_true",
+                      help="the kill campaign: 100k messages, 20 SIGKILLs, JSONL and Redis sinks")
+    ap.add_argument("--kills", type=int, default=20, help="--campaign: SIGKILLs to land per sink")
+    ap.add_argument("--amqp", action="store_true", help="--campaign: RabbitMQ's too (50k messages)")
     ap.add_argument("--json", action="store_true", help="print only the JSON summary line")
     ap.add_argument("--messages", type=int, default=None)
     ap.add_argument("--batch", type=int, default=500)
@@ -218,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
     why = missing()
     if why:  # as benchmarks.cluster without PostgreSQL: said, not failed
         print(json.dumps({"skipped": why}))
+        return
+    if a.campaign:
+        print(json.dumps(campaign(a.messages or 100_000, a.kills, a.amqp)))
         return
     n = a.messages or (2_000 if a.smoke else 100_000 if a.quick else 300_000)
     tries = a.tries or (1 if a.smoke else 3)

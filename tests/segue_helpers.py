@@ -65,7 +65,6 @@ class Segue:
         return json.loads(self("events", run_id, "--json").stdout)
 
     def output(self, run_id: str, step: str) -> Any:
-        from segue import checkpoint as ckpt
         from segue.home import Home
 
         home = Home.resolve(self.home)
@@ -75,8 +74,11 @@ class Segue:
             if self.env.get("SEGUE_STORE"):
                 os.environ["SEGUE_STORE"] = self.env["SEGUE_STORE"]
             store = home.open_store()
+        from segue.run.stepio import load_output
+
         ref = store.get_task(run_id, step).output_ref
-        return ckpt.load(home.run_storage(store.get_run(run_id)), ref).state["value"]
+        return load_output(store, home.run_storage(store.get_run(run_id)), run_id, step, ref,
+                           allow_pickle=False)
 
     def wait_state(self, run_id: str, states: set[str], timeout: float = 60) -> dict[str, Any]:
         seen: list[str] = []  # the states passed through, for the message on a timeout

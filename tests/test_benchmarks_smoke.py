@@ -42,6 +42,7 @@ EXPECTED: dict[str, set[str]] = {
               "ray_data_2w_s", "ray_cluster"},
     "generate": {"vs_plain_generate", "vs_ray_data", "pause_s", "tokens_regenerated_after_preemption",
                  "decode_tokens_per_s", "output_verified", "not_measured", "runs", "goals"},
+    "fanout": {"fanout_10k_create_s", "status_10k_s", "status_10k_pending_s", "goals"},
     "queues": {"vs_plain_consumer", "plain_s", "segue_s", "redelivered_after_kill",
                "time_to_first_new_ack_s", "kill", "outputs_equal", "goals"},
     "server": {"requests_per_s", "status_p99_s", "runs_page_10k_s", "pause_to_paused_s",

@@ -34,10 +34,17 @@ class TaskState(StrEnum):
     SUCCEEDED = "SUCCEEDED"  # output committed; never runs again
     FAILED = "FAILED"  # retries exhausted
     CANCELLED = "CANCELLED"
+    SKIPPED = "SKIPPED"  # a branch not taken, or every step it runs after was skipped
 
     @property
     def done(self) -> bool:
-        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED)
+        return self in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.SKIPPED)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will run for it: the steps after it may go (a run succeeds once
+        every task is settled)."""
+        return self in (TaskState.SUCCEEDED, TaskState.SKIPPED)
 
 
 class Actor(StrEnum):
@@ -66,7 +73,9 @@ RUN_TRANSITIONS: dict[RunState, frozenset[RunState]] = {
 
 T = TaskState
 TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    T.PENDING: frozenset({T.RUNNING, T.CANCELLED}),
+    # PENDING -> SKIPPED: a decision recorded in the store (a branch not taken), never
+    # a worker's doing.
+    T.PENDING: frozenset({T.RUNNING, T.CANCELLED, T.SKIPPED}),
     # RUNNING -> PENDING: the attempt was lost with its controller; it is not
     # the step's fault, so it does not count against the step's retries.
     T.RUNNING: frozenset(
@@ -77,7 +86,15 @@ TASK_TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     T.FAILED: frozenset({T.PENDING, T.CANCELLED}),
     T.SUCCEEDED: frozenset(),
     T.CANCELLED: frozenset(),
+    T.SKIPPED: frozenset(),
 }
+
+# The one way out of SUCCEEDED and SKIPPED: the operator starts a path over (`segue
+# resume --restart-step STEP` of a step that succeeded, run/restart.py), and that step
+# and every step after it go back to PENDING from wherever they are. No other write
+# may make this move (Store.restart_path alone uses it).
+RESTART_FROM: frozenset[TaskState] = frozenset(
+    {T.SUCCEEDED, T.SKIPPED, T.FAILED, T.PARKED, T.RETRYING, T.RUNNING, T.CANCELLED})
 
 _RUN_HINTS = {
     (R.SUCCEEDED, R.PAUSING): "the run already finished",

@@ -293,3 +293,45 @@ def test_bad_input_is_one_line(mq: RabbitMQServer, tmp_path: Path) -> None:
         run_map(FakeRun().attempt(), source(mq, "no-such-queue"), fn, JsonlSink(tmp_path / "out"))
     with pytest.raises(ValueError, match=r"^RabbitMQSource is read by one process: use workers=1$"):
         run_map(FakeRun().attempt(), source(mq, "q"), fn, JsonlSink(tmp_path / "out"), workers=2)
+
+
+def test_lag_counts_what_it_holds_and_dates_it_by_the_timestamp_property(
+    mq: RabbitMQServer, queue: str
+) -> None:
+    """The lag in-process: unacked is the attempt's own count, undelivered the passive
+    declare's, the oldest age from the held messages' ``timestamp``; a message's
+    ``expiration`` is what the queue keeps; an ack lets go of what it covers."""
+    import time
+    from types import SimpleNamespace
+
+    import pika
+
+    now = time.time()
+    conn = mq.connection()
+    ch = conn.channel()
+    ch.confirm_delivery()
+    for k in range(20):
+        ch.basic_publish("", queue, json.dumps({"k": k, "v": "x"}).encode(), pika.BasicProperties(
+            delivery_mode=2, message_id=f"m{k}", timestamp=int(now) - 100 + k,
+            expiration="60000"))
+    conn.close()
+    src = source(mq, queue, prefetch=10, drain_after_empty_reads=None, drain_idle_s=None)
+    src.attach(SimpleNamespace(run_id="r", step="s", worker=0, epoch=1))
+    try:
+        batches = src.read_from(src.start_position(), 10)
+        first = next(batches)
+        while not first.records:
+            first = next(batches)
+        lag = src.lag()
+        assert 1 <= lag["pending"] <= 10 and lag["pending"] + lag["undelivered"] == 20, lag
+        assert 99 <= lag["oldest_age_s"] <= 100 + (time.time() - now) + 1, lag
+        assert lag["keeps_s"] == 60.0 and "expiration property" in lag["keeps"], lag
+        src.after_commit(first.position)
+        after = src.lag()
+        assert after["pending"] == lag["pending"] - len(first.records), (lag, after)
+        if after["pending"]:  # what is still held dates the oldest age
+            assert after["oldest_age_s"] < lag["oldest_age_s"], (lag, after)
+        else:
+            assert after["oldest_age_s"] is None, after
+    finally:
+        src.close()

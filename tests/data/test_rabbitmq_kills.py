@@ -184,3 +184,55 @@ def test_bad_input_is_refused_at_submit_in_one_line(
     assert "guest:guest" not in proc.stderr and "nope@" not in proc.stderr  # no password shown
     assert not segue.home.exists(), "a refused run must not create the home"
     assert not (tmp_path / "out").exists()
+
+
+LAG_FLOW = str(Path(__file__).parent / "flows" / "queuelag.py")
+
+
+@pytest.mark.timeout(300)
+def test_status_shows_the_lag_and_a_pause_past_the_stated_ttl_is_warned(
+    segue: Any, mq: RabbitMQServer, tmp_path: Path
+) -> None:
+    """Continuous reading; `segue status` shows the lag the step reported (no broker call of
+    its own), and a stop longer than the queue's stated message TTL is warned about in
+    status and, at the resume, as a warning event with both figures."""
+    s, out, hold, queue = segue, tmp_path / "out", tmp_path / "hold", "lag"
+    mq.declare(queue)
+    produce(mq, queue, 0, 1000)
+    params = {"url": mq.url, "stream": queue, "out": out, "hold": hold, "hold_k": 50,
+              "ttl_s": 1, "batch": 50}
+    args = [a for k, v in params.items() for a in ("-p", f"{k}={v}")]
+    s("run", LAG_FLOW, "--run-id", "q", *args, "--detach", check=True)
+
+    def lag() -> Any:
+        return s.step("q", "consume")["queue"]
+
+    try:
+        wait_for(lambda: Path(f"{hold}.held-1").exists(), 120, "the step to hold key 50")
+        # Reported after the first batch (what had arrived of the prefetch window of 50:
+        # delivered, unacked), nothing committed yet: the rest is undelivered.
+        q = wait_for(lag, 60, "the step's first lag report", poll=0.25)
+        assert 1 <= q["pending"] <= 50 and q["pending"] + q["undelivered"] == 1000, q
+        assert q["keeps_s"] == 1.0, q
+        line = f"queue: {q['pending']} pending, {q['undelivered']} undelivered"
+        assert line in s("status", "q").stdout
+        assert s("pause", "q").returncode == 0
+        hold.write_text("go")
+        wait_for(lambda: s.status("q")["state"] == "PAUSED", 120, "the run to park", poll=0.25)
+        assert "message_ttl_s" in lag()["keeps"]  # the words come with the checkpoint
+        q = wait_for(lambda: (lag() or {}).get("warning") and lag(), 60,
+                     "status to warn of the stop", poll=0.25)
+        assert q["stopped_s"] > 1.0 and "longer than the broker keeps" in q["warning"], q
+        assert s("resume", "q", "--detach").returncode == 0
+        warned = wait_for(lambda: [e["reason"] for e in s.events("q") if e["kind"] == "warning"
+                                   and "this step last read from it" in e["reason"]], 120,
+                          "the warning event of the resumed step", poll=0.25)
+        assert len(warned) == 1 and "keeps unacknowledged messages for 1 s (message_ttl_s" \
+            in warned[0], warned
+        wait_for(lambda: len(read_output(out)) == 1000, 120, "the rest to be read")
+        assert s("pause", "q", "--wait", "--timeout", "120").returncode == 0
+    finally:
+        hold.write_text("go")
+        s("cancel", "q")
+    check_keys_once(read_output(out), 1000)
+    check_queue_settled(mq, queue)

@@ -11,7 +11,10 @@ acknowledged messages are exactly those whose outputs are published.
 from __future__ import annotations
 
 import json
+import os
+import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,11 @@ from segue_helpers import wait_for  # noqa: E402
 FLOW = str(Path(__file__).parent / "flows" / "queueflow.py")
 GROUP = "segue-consume"
 N = 2000
+# The issue's campaign is 100,000 messages and >= 20 SIGKILLs per sink:
+# `python -m benchmarks.queues --campaign` runs it (or SEGUE_REDIS_CAMPAIGN_N=100000 here).
+# The suite's default keeps the kills and shrinks the stream, to fit CI's time.
+CAMPAIGN_N = int(os.environ.get("SEGUE_REDIS_CAMPAIGN_N", "10000"))
+CAMPAIGN_KILLS = int(os.environ.get("SEGUE_REDIS_CAMPAIGN_KILLS", "20"))
 
 
 @pytest.fixture()
@@ -33,9 +41,11 @@ def redis_server(tmp_path: Path) -> Any:
 
 
 def produce(r: Any, stream: str, n: int) -> None:
-    pipe = r.pipeline()
+    pipe = r.pipeline(transaction=False)
     for k in range(n):
         pipe.xadd(stream, {"data": json.dumps({"k": k, "v": f"value-{k:08d}"})})
+        if k % 5000 == 4999:
+            pipe.execute()
     pipe.execute()
 
 
@@ -60,7 +70,7 @@ def acked_keys(r: Any, stream: str) -> set[int]:
     """Keys of the messages the group acknowledged: delivered (up to its last-delivered id), not pending."""
     info = next(g for g in r.xinfo_groups(stream) if g["name"] == GROUP)
     last = info["last-delivered-id"]
-    pel = {e["message_id"] for e in r.xpending_range(stream, GROUP, "-", "+", 100_000)}
+    pel = {e["message_id"] for e in r.xpending_range(stream, GROUP, "-", "+", 1_000_000)}
     return {json.loads(f["data"])["k"] for mid, f in r.xrange(stream, "-", last) if mid not in pel}
 
 
@@ -79,6 +89,8 @@ def start(
     kind: str,
     hold: Path,
     env: dict[str, str] | None = None,
+    hold_k: int = N - 1,
+    sleep: str = "sleep_ms=2",
 ) -> None:
     out.mkdir(parents=True, exist_ok=True)
     s(
@@ -95,11 +107,11 @@ def start(
         "-p",
         f"sink={kind}",
         "-p",
-        "sleep_ms=2",
+        sleep,
         "-p",
         f"hold={hold}",
         "-p",
-        f"hold_k={N - 1}",
+        f"hold_k={hold_k}",
         "--detach",
         env=env,
         check=True,
@@ -157,6 +169,61 @@ def test_sigkills_between_commit_and_ack_and_a_pause_exactly_once(
     print(
         f"redis stream campaign {kind}: landed {dict(c.landed)}, missed {dict(c.missed)}, log {c.log}"
     )
+
+
+def redis_campaign(s: Any, server: RedisServer, tmp: Path, kind: str, n: int, kills: int,
+                   seed: int = 39, sleep: str = "sleep_ms=1", timeout: float = 3000) -> dict[str, Any]:
+    """``n`` messages from a stream through the map step into ``kind`` (jsonl or the Redis
+    stream sink) under ``kills`` SIGKILLs (the first aimed between the sink's commit and the
+    XACK by a fault point, then every 4th of the controller), each gated on a new committed
+    checkpoint of the running attempt and counted when it lands. Checks every message
+    published once with its transform (what a clean run publishes), the group's pending
+    list empty and every entry acked; returns the figures."""
+    r, out, hold = server.client(), tmp / "out", tmp / "hold"
+    s.env.update(FAST)
+    t0 = time.monotonic()
+    produce(r, "in", n)
+    start(s, server, "in", out, kind, hold, hold_k=n - 1, sleep=sleep, env={
+        "SEGUE_FAULTS": "queue.before_ack:kill:3", "SEGUE_FAULTS_IN": "worker",
+        "SEGUE_FAULTS_EPOCHS": "1"})
+    c = Campaign(s, "q", hold, timeout=timeout)
+    rng = random.Random(seed)
+    try:
+        c.land_armed_kill(3)
+        for i in range(kills - 1):
+            c.fire("kill_controller" if (i + 1) % 4 == 0 else "kill_worker", rng.randint(1, 2))
+        c.finish()
+    finally:
+        hold.write_text("go")
+        s("cancel", "q")
+    seconds = time.monotonic() - t0
+    got = read_output(kind, out, r)
+    done = {"sink": kind, "messages": n, "outputs": len(got), "landed": dict(c.landed),
+            "sigkills_landed": sum(c.landed.values()), "missed": dict(c.missed),
+            "recorded_worker_sigkills": c.recorded_worker_sigkills(),
+            "lost": len(set(range(n)) - {k for k, _ in got}),
+            "duplicated": len(got) - len({k for k, _ in got}),
+            "xpending_at_end": int(r.xpending("in", GROUP)["pending"]),
+            "seconds": round(seconds, 1)}
+    check_keys_once(got, n)  # equal to a clean run's output: every key once, transformed
+    check_all_acked(r, "in", n)
+    return done
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "redis"])
+@pytest.mark.timeout(3600)
+def test_a_campaign_of_twenty_sigkills_exactly_once(
+    segue: Any, redis_server: RedisServer, tmp_path: Path, kind: str
+) -> None:
+    """The issue's campaign, at CAMPAIGN_N messages (100,000 with --campaign)."""
+    done = redis_campaign(segue, redis_server, tmp_path, kind, CAMPAIGN_N, CAMPAIGN_KILLS)
+    assert done["sigkills_landed"] >= CAMPAIGN_KILLS, done
+    assert done["landed"]["kill_before_ack"] == 1, done
+    assert done["landed"]["kill_controller"] == (CAMPAIGN_KILLS - 1) // 4, done
+    want_worker = CAMPAIGN_KILLS - 1 - (CAMPAIGN_KILLS - 1) // 4
+    assert done["landed"]["kill_worker"] == want_worker, done
+    assert done["recorded_worker_sigkills"] >= want_worker - (CAMPAIGN_KILLS - 1) // 4, done
+    print(f"redis stream campaign: {json.dumps(done)}")
 
 
 @pytest.mark.timeout(600)

@@ -326,3 +326,22 @@ def test_pool_page_lists_every_sharer_of_a_device(web: TestClient, tokens: dict[
     assert '<a href="/runs/embed-a">embed-a</a> · embed' in row.group(0)
     assert '<a href="/runs/embed-b">embed-b</a> · embed' in row.group(0)
     assert "16.0 GiB free" in row.group(0) or "16 GiB free" in row.group(0), row.group(0)
+
+
+def test_a_run_time_fan_out_and_a_skipped_branch_on_the_run_page(web: TestClient, tokens: dict[str, str],
+                                                                  segue: Segue) -> None:
+    proc = segue("run", str(FLOWS / "paths.py"), "--run-id", "paths", "-p", "n=7", "-p", "prefer=fast",
+                 timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    login(web, tokens["viewer"])
+    html = web.get("/runs/paths").text
+    # The fan-out's items are folded into its step: one row, its count, no row per item.
+    assert 'id="step-score"' in html and 'id="step-score.3"' not in html
+    assert re.search(r'id="step-score"(?:(?!</tr>).)*7 / 7 tasks', html, re.S)
+    # The branch not taken, and the loop after it, are SKIPPED and greyed out in the DAG.
+    for name in ("slow_path", "rescore"):
+        assert f'<g class="node st-SKIPPED" id="node-s-{name}">' in html
+        assert re.search(rf'id="step-{name}"(?:(?!</tr>).)*<span class="state st-SKIPPED">SKIPPED</span>', html, re.S)
+    assert '<g class="node st-SUCCEEDED" id="node-s-fast_path">' in html
+    # The fan-out's edge from its parent comes from over= (edges are read from the file).
+    assert html.count('class="edge"') == 7

@@ -349,8 +349,8 @@ def test_paging_by_id_never_skips_an_event_committed_late(
     make_run(store, "r1")
     make_run(store, "r2")
     cursor = store.list_events("r1")[-1].id
-    late = served("store.before_commit")
-    late.send("append_event", "r1", "note", actor=Actor.API, reason="late")
+    late = served("store.before_commit")  # a write of several statements (append_event is one)
+    late.send("set_run_options", "r1", {"late": True}, actor=Actor.API, reason="late")
     late.wait_stopped()  # its event is inserted and its id drawn; COMMIT is not sent
     # A writer of another run is not held up: it draws a larger id and commits first.
     other = store.append_event("r2", "note", actor=Actor.API, reason="other run")
@@ -362,10 +362,11 @@ def test_paging_by_id_never_skips_an_event_committed_late(
     _await_lock_waiters(target)
     assert store.list_events("r1", after_id=cursor) == []  # nothing is committed yet
     late.cont()
-    late_id = late.ok()["id"]
+    late.ok()
     thread.join()
     second.close()
     page = store.list_events("r1", after_id=cursor)
+    late_id = page[0].id
     assert [(e.reason, e.id) for e in page] == [("late", late_id), ("second", appended[0].id)]
     assert late_id < other.id < appended[0].id  # across runs, id order is not commit order
 
@@ -559,7 +560,7 @@ def test_task_moves_take_one_statement_and_write_what_sqlite_writes(
         transactions.clear()
         records = _task_moves(side)
         if side is store:
-            assert transactions == ["BEGIN ISOLATION LEVEL READ COMMITTED"]  # set_attempt_pid
+            assert transactions == []  # set_attempt_pid is one statement too
         assert len(records) == 9 and records[-1].state is T.SUCCEEDED
         got[type(side).__name__] = (
             [{k: v for k, v in vars(r).items() if k not in times} for r in records],

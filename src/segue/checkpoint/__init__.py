@@ -7,7 +7,8 @@ The public surface is below; the modules behind it each own one concept:
 ``io`` (save/load/verify/quarantine), ``async_save`` (the Checkpointer),
 ``retention`` (keep policies and GC), ``interval`` (when to checkpoint),
 ``storage`` / ``fsspec_storage`` (where bytes live), ``catalog`` (ls/inspect),
-``manager`` (a high-level API for any training loop).
+``manager`` (a high-level API for any training loop), ``scratch`` (a directory's
+files saved as blobs of a checkpoint and put back: ``ctx.scratch``).
 See docs/checkpoint-format.md for the on-disk layout.
 """
 

@@ -125,11 +125,16 @@ class Checkpointer:
         meta: Mapping[str, Any] | None = None,
         tags: Sequence[str] = (),
         on_durable: Callable[[SaveResult], None] | None = None,
+        blobs: Sequence[_blobs.BlobPlan] = (),
     ) -> Future[SaveResult]:
         """Stage ``state`` and write it in the background; the future resolves when durable.
 
         Raises the failure of an earlier background save, if any, before starting.
         Blocks while ``max_in_flight`` saves are already staged or writing.
+
+        ``blobs``: more blobs of this checkpoint, hashed already and not staged (their
+        bytes are the caller's copies, which must not change until the future is done:
+        a scratch directory's snapshot, :mod:`.scratch`); listed in the manifest's files.
         """
         self._check_open()
         self._raise_pending_error()
@@ -137,7 +142,7 @@ class Checkpointer:
         arena = self._arenas.get()  # backpressure: wait for a free slot
         t0 = time.perf_counter()
         try:
-            staged = _blobs.stage(plans, arena, self._copy_pool)
+            staged = _blobs.stage(plans, arena, self._copy_pool) + list(blobs)
             fault_point("checkpoint.staged")
         except BaseException:
             self._arenas.put(arena)
@@ -161,6 +166,7 @@ class Checkpointer:
         meta: Mapping[str, Any] | None = None,
         tags: Sequence[str] = (),
         on_durable: Callable[[SaveResult], None] | None = None,
+        blobs: Sequence[_blobs.BlobPlan] = (),
     ) -> SaveResult:
         """Save and return once the manifest is durable (and ``on_durable`` has run).
 
@@ -172,7 +178,7 @@ class Checkpointer:
         self.wait()
         self._check_open()
         path, enc, meta_json, plans = self._plan(path, state, meta)
-        return self._publish(path, plans, meta=meta_json, tags=tuple(tags), tree=enc.tree,
+        return self._publish(path, plans + list(blobs), meta=meta_json, tags=tuple(tags), tree=enc.tree,
                              on_durable=on_durable, blocked_since=time.perf_counter())
 
     def _plan(self, path: str, state: Any, meta: Mapping[str, Any] | None

@@ -47,7 +47,7 @@ META = {"format": "segue.checkpoint"}
 class BlobPlan:
     """One blob: its header, its data segments (written back to back) and what it holds."""
 
-    kind: str  # "array" | "pack" | "opaque"
+    kind: str  # "array" | "pack" | "opaque" | "file" (a scratch file's bytes: .scratch)
     header: bytes
     segments: list[np.ndarray]  # 1-d uint8, C-contiguous
     arrays: dict[str, ArrayEntry] = field(default_factory=dict)  # ref -> entry (file unset)
@@ -62,7 +62,7 @@ class BlobPlan:
     def path(self) -> str:
         if not self.key:
             raise ValueError("blob is not hashed yet")
-        ext = ".bin" if self.kind == "opaque" else ".safetensors"
+        ext = ".bin" if self.kind in ("opaque", "file") else ".safetensors"
         return blob_path(self.key, ext)
 
     def join_segments(self) -> None:

@@ -1,4 +1,4 @@
-"""`segue agent` (one per host: takes over runs whose controller died) and `segue hosts`."""
+"""`segue agent` (one per host: takes over runs whose controller died, fires schedules) and `segue hosts`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from .render import fmt_time, print_json
 
 
 def add_parsers(sub: Any) -> None:
-    a = sub.add_parser("agent", help="keep this host's runs alive: take over runs whose controller died")
+    a = sub.add_parser("agent", help="keep this host's runs alive: take over runs whose controller died; "
+                                     "fire the store's schedules (`segue schedule`)")
     a.add_argument("--host-id", default=None,
                    help="this host's name in the store (default $SEGUE_HOST_ID, else the hostname)")
     a.add_argument("--ttl", type=float, default=None, metavar="S",

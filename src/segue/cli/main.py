@@ -25,7 +25,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ..client.local import LocalClient
 from ..errors import SegueError, UsageError, WaitTimeoutError, exit_code
@@ -41,11 +41,13 @@ from . import agent as agent_cmd
 from . import bench_model as bench_model_cmd
 from . import ckpt_run, sched, verify
 from . import costs as costs_view
+from . import env as env_cmd
 from . import logs as logs_cmd
 from . import metrics as metrics_cmd
 from . import output as output_cmd
 from . import plan as plan_cmd
 from . import prices as prices_cmd
+from . import schedule as schedule_cmd
 from . import server as server_cmd
 from . import webhook as webhook_cmd
 from .render import RunDisplay, event_line, fmt_time, position_detail, print_json, progress_text
@@ -55,7 +57,7 @@ EXIT = {RunState.SUCCEEDED: 0, RunState.PAUSED: 3}
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2
-        raise UsageError(f"{message}; see `segue {self.prog.split()[-1]} --help`" if " " in self.prog
+        raise UsageError(f"{message}; see `segue {' '.join(self.prog.split()[1:])} --help`" if " " in self.prog
                          else f"{message}; see `segue --help`")
 
 
@@ -85,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pause instead of failing when a step exhausts its retries")
     r.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
                    help="data steps: what to do when the input changed since the run began")
+    r.add_argument("--on-env-change", choices=("fail", "warn", "allow"), default=None,
+                   help="at resume: what to do when a distribution a step imported, or a variable "
+                        "the flow declares (Flow(env=...)), changed since the run last ran "
+                        "(default fail; stored with the run; see `segue env RUN`)")
     r.add_argument("--checkpoints", default=None, metavar="URL",
                    help="where the run keeps checkpoints and step outputs: an absolute path or "
                         "any fsspec URL such as s3://bucket/prefix (default $SEGUE_CHECKPOINTS, "
@@ -114,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("status", help="show a run")
     s.add_argument("run")
     s.add_argument("--json", action="store_true")
+    s.add_argument("--items", action="store_true",
+                   help="list every task of a fan-out or a loop (default: counts, and those not done)")
     s.add_argument("--price", action="append", default=[], metavar="KEY=USD",
                    help="price per hour for this display, e.g. h100=9.80 (see `segue prices`)")
 
@@ -131,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--on-input-change", choices=("fail", "pin", "include-new"), default=None,
                     help="data steps: what to do when the input changed since the run began "
                          "(stored with the run)")
+    rs.add_argument("--on-env-change", choices=("fail", "warn", "allow"), default=None,
+                    help="resume even though a distribution a step imported, or a declared variable, "
+                         "changed since the run last ran: warn says so, allow only records it "
+                         "(stored with the run; `segue env RUN` shows the diff)")
     rs.add_argument("--restart-step", default=None, metavar="STEP",
                     help="start STEP over from scratch, discarding its checkpoints and the output "
                          "it published (needed when none of its checkpoints verifies)")
@@ -149,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_parser(sub)
     ckpt_run.add_parser(sub)
     output_cmd.add_parser(sub)
+    env_cmd.add_parser(sub)
     logs_cmd.add_parser(sub)
     metrics_cmd.add_parser(sub)
     prices_cmd.add_parser(sub)
@@ -157,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_cmd.add_parsers(sub)
     webhook_cmd.add_parsers(sub)
     agent_cmd.add_parsers(sub)
+    schedule_cmd.add_parsers(sub)
     return p
 
 
@@ -194,6 +208,7 @@ def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
         preemptible=a.preemptible,
         max_pause=None if a.max_pause is None else parse_duration(a.max_pause, "--max-pause"),
         checkpoints=a.checkpoints, executor=a.executor, ray_address=a.ray_address,
+        on_env_change=a.on_env_change,
     )
     if a.detach:
         return _detached(client, run.run_id)
@@ -202,7 +217,8 @@ def cmd_run(a: argparse.Namespace, client: LocalClient) -> int:
 
 def cmd_resume(a: argparse.Namespace, client: LocalClient) -> int:
     client.prepare_resume(a.run, allow_code_change=a.allow_code_change, restart_step=a.restart_step,
-                          on_input_change=a.on_input_change)
+                          on_input_change=a.on_input_change, on_env_change=a.on_env_change)
+    env_cmd.warn_after_resume(client, a.run)  # what changed in its environment, if anything
     if a.detach:
         return _detached(client, a.run, allow_code_change=a.allow_code_change)
     # Print from this resume's request on, not the run's history (`segue events` has it).
@@ -228,7 +244,7 @@ def cmd_pause(a: argparse.Namespace, client: LocalClient) -> int:
 
 
 def cmd_status(a: argparse.Namespace, client: LocalClient) -> int:
-    st = client.status(a.run, prices=dict(parse_price(p) for p in a.price))
+    st = client.status(a.run, prices=dict(parse_price(p) for p in a.price), items=a.items)
     doc = st.to_json()
     if a.json:
         print_json(doc)
@@ -237,25 +253,41 @@ def cmd_status(a: argparse.Namespace, client: LocalClient) -> int:
     if doc.get("problem"):
         print(f"  {doc['problem']}")
     for s in doc["steps"]:
-        p = s["progress"]
-        prog = progress_text(p["done"], p["total"], p.get("unit"))
-        ck = s["last_checkpoint"]
-        ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
-        if ck and (detail := position_detail(ck["position"])):
-            ckt += f" ({detail})"
-        line = f"  {s['name']:<16} {s['state']:<10} progress {prog:<14} attempts {s['attempts']}  ckpt {ckt}"
-        if s["pid"]:
-            line += f"  pid {s['pid']}"
-        if s["error"] and s["state"] != "SUCCEEDED":
-            line += f"  error: {s['error']}"
-        if s["waiting_for"]:
-            line += f"  ({s['waiting_for']})"
-        print(line)
+        print(_step_line(s, "  "))
+        if s.get("items"):
+            it = s["items"]
+            counts = ", ".join(f"{n} {state}" for state, n in sorted(it["states"].items()))
+            print(f"    {it['total']} task(s): {counts}")
+            for kid in it["tasks"]:
+                print(_step_line(kid, "    "))
+            if it["more"]:
+                print(f"    ... and {it['more']} more not done (`segue status {doc['run_id']} --items`)")
+        if s.get("queue"):
+            from ..run.status import queue_text
+
+            print(f"    {queue_text(s['queue'])}")
         for fl in costs_view.failure_lines(doc["run_id"], s):
             print(fl)
     for line in costs_view.accounting_lines(doc["accounting"]):
         print(line)
     return 0
+
+
+def _step_line(s: dict[str, Any], indent: str) -> str:
+    p = s["progress"]
+    prog = progress_text(p["done"], p["total"], p.get("unit"))
+    ck = s["last_checkpoint"]
+    ckt = "-" if ck is None else f"#{ck['seq']} at {fmt_time(ck['time'])}"
+    if ck and (detail := position_detail(ck["position"])):
+        ckt += f" ({detail})"
+    line = f"{indent}{s['name']:<16} {s['state']:<10} progress {prog:<14} attempts {s['attempts']}  ckpt {ckt}"
+    if s["pid"]:
+        line += f"  pid {s['pid']}"
+    if s["error"] and s["state"] != "SUCCEEDED":
+        line += f"  error: {s['error']}"
+    if s["waiting_for"]:
+        line += f"  ({s['waiting_for']})"
+    return line
 
 
 def cmd_ls(a: argparse.Namespace, client: LocalClient) -> int:
@@ -299,7 +331,7 @@ def cmd_checkpoints(a: argparse.Namespace, client: LocalClient) -> int:
 
 COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "queue": sched.cmd_queue, "pool": sched.cmd_pool, "output": output_cmd.cmd_output,
-    "logs": logs_cmd.cmd_logs, "metrics": metrics_cmd.cmd_metrics,
+    "logs": logs_cmd.cmd_logs, "metrics": metrics_cmd.cmd_metrics, "env": env_cmd.cmd_env,
     "verify": lambda a, c: verify.cmd_verify(a, c.home, pool=c.pool_path),
     "ckpt": lambda a, c: ckpt_run.cmd_ckpt(a, c),
     "prices": lambda a, c: prices_cmd.cmd_prices(a, c.home),
@@ -309,6 +341,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, LocalClient], int]] = {
     "run": cmd_run, "resume": cmd_resume, "pause": cmd_pause, "status": cmd_status, "ls": cmd_ls,
     "cancel": cmd_cancel, "events": cmd_events, "checkpoints": cmd_checkpoints,
     "agent": agent_cmd.cmd_agent, "hosts": agent_cmd.cmd_hosts,
+    "schedule": schedule_cmd.cmd_schedule,
 }
 
 

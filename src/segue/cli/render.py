@@ -117,8 +117,10 @@ def task_table(run: RunRecord, tasks: list[TaskRecord], details: dict[str, str] 
 
 def shown_live(e: Event) -> bool:
     """Whether the live display prints ``e``: retention's "pruned" line per checkpoint
-    is noise there (`segue events` still lists it)."""
-    return not (e.kind == "checkpoint" and e.to_state == "pruned")
+    is noise there (`segue events` still lists it), as are the environment's routine records
+    (at submit, and a step's imports); a resume's list of what changed is shown."""
+    return not (e.kind == "checkpoint" and e.to_state == "pruned") and not (
+        e.kind == "environment" and (e.step is not None or e.data.get("at") == "submit"))
 
 
 class RunDisplay:

@@ -52,6 +52,7 @@ class BaseClient(ABC):
         preemptible: bool | None = None, max_pause: str | float | None = None,
         pause_deadline_s: float | None = None, pause_on_failure: bool | None = None,
         on_input_change: str | None = None, options: Mapping[str, Any] | None = None,
+        on_env_change: str | None = None,
     ) -> RunSummary:
         """Create a run of the flow file ``flow`` and start its controller in the background.
 
@@ -73,8 +74,12 @@ class BaseClient(ABC):
 
     @abstractmethod
     def resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
-               on_input_change: str | None = None) -> RunSummary:
-        """Continue a paused, failed or orphaned run with a new background controller."""
+               on_input_change: str | None = None, on_env_change: str | None = None) -> RunSummary:
+        """Continue a paused, failed or orphaned run with a new background controller.
+
+        ``on_env_change`` ("fail", "warn", "allow"; stored with the run): what to do
+        when a distribution a step imported, or a declared variable, changed since
+        the run last ran (see :meth:`environment`)."""
 
     @abstractmethod
     def cancel(self, run: str) -> RunSummary:
@@ -105,6 +110,12 @@ class BaseClient(ABC):
     @abstractmethod
     def checkpoints(self, run: str) -> list[CheckpointRecord]:
         """Every checkpoint the run committed, quarantined and pruned ones included."""
+
+    @abstractmethod
+    def environment(self, run: str) -> dict[str, Any]:
+        """The environment the run recorded (at submit, or at the last resume that went on
+        over changes), the distributions each step imported, and the changes from it to the
+        environment of the process that answers (`segue env RUN --json`)."""
 
     @abstractmethod
     def metrics(self, run: str, step: str | None = None, *,

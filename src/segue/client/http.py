@@ -101,10 +101,10 @@ class HttpClient(BaseClient):
                                                json={"wait": wait, "timeout": timeout}))
 
     def resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
-               on_input_change: str | None = None) -> RunSummary:
+               on_input_change: str | None = None, on_env_change: str | None = None) -> RunSummary:
         return RunSummary.from_json(self._call("POST", self._run(run) + "/resume", json={
             "allow_code_change": allow_code_change, "restart_step": restart_step,
-            "on_input_change": on_input_change}))
+            "on_input_change": on_input_change, "on_env_change": on_env_change}))
 
     def cancel(self, run: str) -> RunSummary:
         return RunSummary.from_json(self._call("POST", self._run(run) + "/cancel"))
@@ -165,6 +165,9 @@ class HttpClient(BaseClient):
 
     def checkpoints(self, run: str) -> list[CheckpointRecord]:
         return [checkpoint_from_json(c) for c in self._call("GET", self._run(run) + "/checkpoints")]
+
+    def environment(self, run: str) -> dict[str, Any]:
+        return dict(self._call("GET", self._run(run) + "/environment"))
 
     def metrics(self, run: str, step: str | None = None, *,
                 since: float | None = None) -> list[MetricPoint]:

@@ -21,9 +21,10 @@ from ..home import Home
 from ..hostname import this_host
 from ..placement.policy import parse_priority
 from ..placement.pricing import Prices
+from ..run import environment as run_env
 from ..run import ops
 from ..run.options import RunOptions
-from ..run.resume_inputs import check_inputs
+from ..run.resume_inputs import check_decisions, check_inputs
 from ..states import Actor, RunState
 from ..store.base import RunRecord, Store, TaskRecord
 from ..store.pool import HostPool, HostPoolStore
@@ -137,6 +138,7 @@ class LocalClient(BaseClient):
         pause_deadline_s: float | None = None, pause_on_failure: bool | None = None,
         on_input_change: str | None = None, options: Mapping[str, Any] | None = None,
         checkpoints: str | None = None, executor: str | None = None, ray_address: str | None = None,
+        on_env_change: str | None = None,
     ) -> RunSummary:
         """Validate and create the run (PENDING) without starting a controller;
         :meth:`drive` runs it in this process (the CLI's foreground `segue run`).
@@ -154,7 +156,7 @@ class LocalClient(BaseClient):
             gpu_memory=None if gpu_memory is None else parse_bytes(gpu_memory, "gpu_memory",
                                                                    error=UsageError),
             max_pause_s=None if max_pause is None else parse_duration(max_pause, "max_pause"),
-            checkpoints=checkpoints, executor=executor, ray_address=ray_address,
+            checkpoints=checkpoints, executor=executor, ray_address=ray_address, on_env_change=on_env_change,
         )
         if opts.executor == "ray" and not opts.checkpoints and self.home.store_url():
             # Ray nodes then keep homes of their own: the home's data directory is no one's.
@@ -163,7 +165,9 @@ class LocalClient(BaseClient):
         # Strings are converted by the flow's declared types (as on the command line),
         # typed values are checked against them: flow.params.resolve does both.
         prepared = ops.prepare_run(flow, dict(params or {}), run_id=run_id, options=opts, pool=self._open_pool)
+        env = run_env.capture(tuple(prepared.loaded.flow.env), prepared.loaded.path)  # (run.environment)
         run = ops.create_run(self.store, prepared, actor=self.actor)
+        run_env.record_submit(self.store, run.run_id, env, actor=self.actor)
         self._loaded[run.run_id] = prepared.loaded
         return self._summary(run)
 
@@ -231,7 +235,7 @@ class LocalClient(BaseClient):
         return self._summary(record)
 
     def prepare_resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
-                       on_input_change: str | None = None) -> RunSummary:
+                       on_input_change: str | None = None, on_env_change: str | None = None) -> RunSummary:
         """Check and store the resume choices without starting a controller (see :meth:`drive`)."""
         store = self._reading()
         record = ops.check_resumable(store, run)
@@ -240,20 +244,31 @@ class LocalClient(BaseClient):
         ops.check_no_live_controller(record, store.now())
         # A data step's changed input is refused here (exit 2), not at its start.
         check_inputs(self.home, store, record, loaded, on_input_change=on_input_change, skip=restart_step)
+        # So is a fan-out or a branch whose files changed since it was decided (run/paths.py).
+        kept = check_decisions(self.home, store, record, loaded, on_input_change=on_input_change,
+                               restart=restart_step)
+        # A changed distribution a step imported, or a declared variable: refused here too.
+        env = run_env.check_resume(
+            store, record, tuple(loaded.flow.env), loaded.path, skip=restart_step,
+            policy=RunOptions.from_json(record.options).with_changes(on_env_change=on_env_change).on_env_change)
         record = ops.apply_resume_choices(store, record, restart_step=restart_step,
-                                          on_input_change=on_input_change, actor=self.actor)
+                                          on_input_change=on_input_change, actor=self.actor,
+                                          on_env_change=on_env_change, flow=loaded.flow.steps)
         ops.clear_preemption(store, record.run_id)  # the operator resumes it now, not the scheduler
         # The controller makes the transition; this event says who asked for it.
         store.append_event(run, "command", actor=self.actor, reason="resume requested",
                            data={"command": "resume", "restart_step": restart_step})
+        run_env.record_resume(store, run, env, actor=self.actor)  # if it changed: the new baseline
+        for line in kept:
+            store.append_event(run, "warning", actor=self.actor, reason=line, data={"kind": "path-kept"})
         self._loaded[run] = loaded
         return self._summary(record)
 
     def resume(self, run: str, *, allow_code_change: bool = False, restart_step: str | None = None,
-               on_input_change: str | None = None) -> RunSummary:
+               on_input_change: str | None = None, on_env_change: str | None = None) -> RunSummary:
         """See :meth:`BaseClient.resume`; returns once a controller drives the run."""
         self.prepare_resume(run, allow_code_change=allow_code_change, restart_step=restart_step,
-                            on_input_change=on_input_change)
+                            on_input_change=on_input_change, on_env_change=on_env_change)
         self._loaded.pop(run, None)
         return self._started(run, allow_code_change=allow_code_change)
 
@@ -265,9 +280,10 @@ class LocalClient(BaseClient):
 
     # -- reading ----------------------------------------------------------------------
 
-    def status(self, run: str, *, prices: Mapping[str, float] | None = None) -> RunStatus:
+    def status(self, run: str, *, prices: Mapping[str, float] | None = None, items: bool = False) -> RunStatus:
         """See :meth:`BaseClient.status`; ``prices``: USD per hour by key for this
-        reading (over the home's and the built-in ones, see `segue prices`)."""
+        reading (over the home's and the built-in ones, see `segue prices`); ``items``:
+        list every task of a fan-out or a loop (by default only those not done)."""
         from ..errors import StoreError
         from ..run.status import run_status
 
@@ -276,8 +292,14 @@ class LocalClient(BaseClient):
             pool = self._open_pool()
         except StoreError:
             pool = None
-        doc = run_status(self._reading(), run, prices_now, pool=pool, home_key=self.pool_home)
+        doc = run_status(self._reading(), run, prices_now, pool=pool, home_key=self.pool_home, items=items)
         return RunStatus.from_json(doc)
+
+    def environment(self, run: str) -> dict[str, Any]:
+        """The run's recorded environment, what its steps imported, and the diff to this
+        process's environment now (`segue env RUN`; segue.run.environment.report)."""
+        store = self._reading()
+        return run_env.report(store, store.get_run(run))
 
     def summary(self, run: str) -> RunSummary:
         return self._summary(self._reading().get_run(run))

@@ -64,6 +64,11 @@ class StepStatus:
     # Errors of earlier attempts, oldest first ({"time", "epoch", "attempt", "error"});
     # ``error`` is only the one that put the step in its state.
     earlier_errors: list[dict[str, Any]] = field(default_factory=list)
+    # A step reading a message queue: its lag as last reported (run.status.queue_lag).
+    queue: dict[str, Any] | None = None
+    # A fan-out or a loop: its tasks (NAME.K), folded: {"total", "states": {STATE: n},
+    # "tasks": [StepStatus-like dicts of those running or failing], "more": n}.
+    items: dict[str, Any] | None = None
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> StepStatus:

@@ -46,6 +46,8 @@ STATE_VERSION = 1
 READ_BATCH = 512
 STATS = ("records_in", "records_out", "failures", "bytes_in", "restarts", "records_retried")
 VOLATILE = ("restarts", "records_retried")  # differ between a clean and an interrupted run
+# A queue source's lag, logged as the step metrics queue_NAME (sources.queue.QueueSource.lag).
+QUEUE_METRICS = ("pending", "undelivered", "oldest_age_s", "keeps_s", "at")
 
 
 @dataclass(frozen=True)
@@ -197,6 +199,24 @@ class MapRun:
             self.source.after_commit(self.cursor["position"])
         return state
 
+    def _queue_report(self) -> None:
+        """A queue's lag as step metrics (one point per name, replaced at each report;
+        `segue status` reads them) and its warnings (a pause past what the broker
+        keeps) as ``warning`` events of the run."""
+        src: Any = self.source
+        for message in src.take_warnings():
+            record = getattr(self.ctx, "record_event", None)
+            if record is not None:
+                record("warning", f"step {self.ctx.step}: {message}", data={"queue": src.kind})
+        src.lag_due()
+        lag = src.take_lag()
+        log_metrics = getattr(self.ctx, "log_metrics", None)
+        if lag is None or log_metrics is None:
+            return
+        nan = float("nan")  # stored as null: the broker does not say
+        log_metrics(0, **{f"queue_{k}": nan if lag.get(k) is None else float(lag[k])
+                          for k in QUEUE_METRICS})
+
     def _count_retried(self) -> None:
         """Estimate the records the lost attempt processed past the restored checkpoint.
 
@@ -264,6 +284,8 @@ class MapRun:
                 ctx.progress(self._done(i, pos), self.total)
                 if ctx.checkpoint_due(stats["records_in"]) or unit.flush:
                     self._commit(i, pos)
+                if self.source.queue:
+                    self._queue_report()
             i += 1
             pos = None
 
@@ -364,9 +386,10 @@ class MapRun:
                                 if self.unit == "bytes" else 1.0)
             eta = round((self.total - done) / unit_rate, 1) if unit_rate > 0 else None
         shard = self.shards[i].key if i < len(self.shards) else None
+        queue = {"queue": getattr(self.source, "last_lag", None) or {}} if self.source.queue else {}
         return {"shard": shard, "shard_index": i, "shards": len(self.shards), "unit": self.unit,
                 "done": done, "total": self.total, "rate_rps": round(rate, 1), "eta_s": eta,
-                **self.stats}
+                **self.stats, **queue}
 
     def summary(self) -> dict[str, Any]:
         # Only what a clean and an interrupted run agree on: restarts are in the

@@ -169,6 +169,28 @@ class StepSpec:
     # own ``ctx.rank``; their checkpoints are one, committed in two phases (run/gang.py).
     world_size: int = 1
     distributed: str | None = None  # "gloo" / "nccl": each rank joins a torch.distributed group
+    # ``scratch="2GB"``: bytes ``ctx.scratch`` may hold at a checkpoint (its files are
+    # saved with each checkpoint and put back before the next attempt); None: no scratch.
+    scratch: int | None = None
+    # Paths chosen at run time (docs/flows.md). A fan-out step runs once per item of
+    # the list its parent ``foreach`` returned (or of ``[foreach_key]`` of it); a
+    # branch point chooses which of ``choices`` (steps right after it) run; a loop
+    # step runs again while ``until(output)`` is false, at most ``max_iterations`` times.
+    foreach: str | None = None
+    foreach_key: str | None = None
+    choices: tuple[str, ...] = ()
+    until: Callable[[Any], Any] | None = None
+    max_iterations: int = 1
+    # Files (paths, globs or fsspec URLs; ``{param}`` filled from the run's params) whose
+    # listing the step decides from: snapshotted at its start, saved with its output,
+    # compared again by `segue resume` (run/resume_inputs.py).
+    inputs: tuple[str, ...] = ()
+
+    @property
+    def dynamic(self) -> bool:
+        """A fan-out or a loop: its task only gathers the tasks the run creates for it
+        (``NAME.K``), and is never run itself."""
+        return self.foreach is not None or self.until is not None
 
     def source_digest(self) -> str:
         """Hash of the step function's source (and its model's identity), for the code fingerprint."""
@@ -179,7 +201,57 @@ class StepSpec:
         what: dict[str, Any] = {"name": self.name, "src": src, "after": list(self.after)}
         if self.model is not None:
             what["model"] = dict(self.model)
+        if self.dynamic or self.choices:
+            what["paths"] = {"foreach": self.foreach, "key": self.foreach_key, "choices": list(self.choices),
+                             "until": _source(self.until), "max": self.max_iterations,
+                             "inputs": list(self.inputs)}
         return digest(what)
+
+
+def _source(fn: Callable[..., Any] | None) -> str | None:
+    if fn is None:
+        return None
+    try:
+        return inspect.getsource(fn)
+    except (OSError, TypeError):
+        return getattr(fn, "__qualname__", repr(fn))
+
+
+def _scratch_size(scratch: str | int | None, name: str, fn: Callable[..., Any], world_size: Any) -> int | None:
+    """``scratch=`` of step ``name`` in bytes (None: not declared); FlowError if it cannot be."""
+    if scratch is None:
+        return None
+    size = parse_bytes(scratch, f"step {name!r}: scratch", error=FlowError)
+    if size < 1:
+        raise FlowError(f"step {name!r}: scratch must be a size above 0 such as '2GB', not {scratch!r}")
+    if world_size != 1:
+        raise FlowError(f"step {name!r}: scratch is not supported with world_size > 1 (a gang step's "
+                        "ranks); keep the files in the state, or drop scratch=")
+    if getattr(fn, "segue_map", None) is not None:
+        raise FlowError(f"step {name!r}: scratch= applies to @flow.step functions, which get ctx; "
+                        "a @flow.map step's functions never see it")
+    return size
+
+
+def _inputs(step: str, inputs: Iterable[str]) -> tuple[str, ...]:
+    if isinstance(inputs, str):
+        inputs = (inputs,)
+    out = tuple(inputs)
+    if not all(isinstance(i, str) and i.strip() for i in out):
+        raise FlowError(f"step {step!r}: inputs must be paths, globs or URLs (strings), not {list(out)!r}")
+    return out
+
+
+def task_step(task: str) -> tuple[str, int | None]:
+    """A task's step and index: ``"embed.17"`` (a fan-out's item 17, or a loop's
+    iteration 17) is ``("embed", 17)``; a step's own task is ``(name, None)``."""
+    step, dot, k = task.partition(".")
+    return (step, int(k)) if dot and k.isdigit() else (task, None)
+
+
+def child_task(step: str, k: int) -> str:
+    """The task of item (or iteration) ``k`` of ``step``. Step names hold no dot."""
+    return f"{step}.{k}"
 
 
 @dataclass
@@ -189,11 +261,19 @@ class Flow:
     name: str
     params: Mapping[str, Param | Any] = field(default_factory=dict)
     pause_on_failure: bool = False
+    # Environment variables the run records at submit and checks at resume (run.environment).
+    env: Iterable[str] = ()
     steps: dict[str, StepSpec] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
             raise FlowError(f"flow name {self.name!r} must be a Python identifier of at most 64 characters")
+        names = [self.env] if isinstance(self.env, str) else list(self.env)
+        if isinstance(self.env, str) or any(not isinstance(n, str) or not re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_]{0,127}", n) for n in names) or len(set(names)) != len(names):
+            raise FlowError(f"flow {self.name!r}: env must be a list of distinct variable names "
+                            f"(letters, digits, '_'), not {self.env!r}")
+        self.env = tuple(names)
         normalized: dict[str, Param] = {}
         for key, value in dict(self.params).items():
             if not _NAME.match(key):
@@ -224,6 +304,9 @@ class Flow:
         keep_checkpoints: int = 3,
         world_size: int = 1,
         distributed: str | None = None,
+        choices: Iterable[str | Callable[..., Any]] = (),
+        inputs: Iterable[str] = (),
+        scratch: str | int | None = None,
     ) -> Any:
         """Declare a step. Usable as ``@flow.step`` or ``@flow.step(...)``.
 
@@ -234,6 +317,17 @@ class Flow:
         rank 0's return value is the step's output. ``distributed="gloo"`` (or
         ``"nccl"``) also joins the ranks in a torch.distributed process group. See
         docs/gang.md.
+
+        ``scratch="2GB"``: ``ctx.scratch`` is a local directory whose files (at most
+        that many bytes) are saved with every checkpoint and put back before the next
+        attempt runs the function. See docs/checkpoint-format.md.
+
+        ``choices``: this step is a branch point; it calls ``ctx.choose(...)`` with
+        those of these steps (each runs right after it) that run; the others are
+        SKIPPED. ``inputs``: the files (paths, globs, fsspec URLs, with ``{param}``
+        filled in) the step decides from: their listing is saved with its output,
+        and a resume that finds it changed refuses unless told what to do. See
+        docs/flows.md.
         """
 
         def register(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -291,6 +385,9 @@ class Flow:
                 keep_checkpoints=keep_checkpoints,
                 world_size=int(world_size),
                 distributed=distributed,
+                scratch=_scratch_size(scratch, name, f, world_size),
+                choices=tuple(c if isinstance(c, str) else c.__name__ for c in choices),
+                inputs=_inputs(name, inputs),
             )
             return f
 
@@ -373,6 +470,59 @@ class Flow:
             raise FlowError(f"map kind {kind!r} is unknown; use map, filter, flat_map or map_batches")
         return register
 
+    def foreach(self, over: str | Callable[..., Any], *, key: str | None = None,
+                after: Iterable[str | Callable[..., Any]] = (), **step_options: Any) -> Any:
+        """Declare a fan-out: the step runs once per item of the list step ``over``
+        returned (``key``: of ``output[key]``), each item a task of its own
+        (``NAME.0``, ``NAME.1``...) with its own attempts, checkpoints and retries.
+        The function reads ``ctx.item`` and ``ctx.index``. The list is read from
+        the committed output, so a resume never decides it again. Steps after it get
+        the items' outputs as one list, in order. Other keywords are :meth:`step`'s.
+        """
+        parent = over if isinstance(over, str) else over.__name__
+        if key is not None and not isinstance(key, str):
+            raise FlowError(f"flow.foreach: key must be the name of a key of {parent}'s output, not {key!r}")
+        for bad in ("choices", "world_size"):
+            if step_options.get(bad) not in (None, (), [], 1):
+                raise FlowError(f"flow.foreach: {bad}= does not apply to a fan-out step")
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.step(fn, after=[parent, *after], **step_options)
+            self.steps[fn.__name__] = dataclasses.replace(self.steps[fn.__name__], foreach=parent,
+                                                          foreach_key=key)
+            return fn
+
+        return register
+
+    def loop(self, *, until: Callable[[Any], Any], max_iterations: int,
+             after: Iterable[str | Callable[..., Any]] = (), **step_options: Any) -> Any:
+        """Declare a bounded loop: the step runs, then again while ``until(output)`` is
+        false, at most ``max_iterations`` times. Each iteration is a task of its own
+        (``NAME.0``, ``NAME.1``...), durable like any step: a resume continues at the
+        iteration it was in. The function reads ``ctx.iteration`` and ``ctx.previous``
+        (the last iteration's output, None at first). The step's output is its last
+        iteration's. ``until`` runs in the step's process, on the output it returned.
+        """
+        if not callable(until):
+            raise FlowError(f"flow.loop: until must be a function of the step's output, not {until!r}")
+        if not _is_int(max_iterations) or max_iterations < 1:
+            raise FlowError(f"flow.loop: max_iterations must be an int >= 1, not {max_iterations!r}")
+        for bad in ("choices", "world_size"):
+            if step_options.get(bad) not in (None, (), [], 1):
+                raise FlowError(f"flow.loop: {bad}= does not apply to a loop step")
+
+        def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+            self.step(fn, after=after, **step_options)
+            self.steps[fn.__name__] = dataclasses.replace(self.steps[fn.__name__], until=until,
+                                                          max_iterations=int(max_iterations))
+            return fn
+
+        return register
+
+    def spec_of(self, task: str) -> StepSpec:
+        """The step a task runs: ``embed.17`` runs step ``embed``."""
+        return self.steps[task_step(task)[0]]
+
     # -- validation ----------------------------------------------------------
     def order(self) -> list[str]:
         """Steps in a deterministic topological order; raises FlowError on bad DAGs."""
@@ -402,4 +552,18 @@ class Flow:
 
         for name in self.steps:  # declaration order breaks ties: reproducible
             visit(name, [])
+        self._check_paths()
         return order
+
+    def _check_paths(self) -> None:
+        for spec in self.steps.values():
+            after_it = [s.name for s in self.steps.values() if spec.name in s.after]
+            for c in spec.choices:
+                if c not in after_it:
+                    raise FlowError(f"step {spec.name!r} chooses among {list(spec.choices)}, but {c!r} does "
+                                    f"not run right after it; declare it with after=[{spec.name}]")
+            if spec.choices and (spec.dynamic or getattr(spec.fn, "segue_map", None) is not None):
+                raise FlowError(f"step {spec.name!r}: choices= applies to a plain step, not to a "
+                                "fan-out, a loop or a data step")
+            if spec.dynamic and getattr(spec.fn, "segue_map", None) is not None:
+                raise FlowError(f"step {spec.name!r}: a data step cannot also be a fan-out or a loop")

@@ -15,6 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
@@ -22,8 +23,9 @@ from .. import _faults
 from .. import checkpoint as ckpt
 from .._park import Park as Park
 from ..checkpoint import like as ckpt_like
+from ..checkpoint import scratch as ckpt_scratch
 from ..checkpoint.interval import IntervalPolicy
-from ..errors import CheckpointCorruptError, UsageError
+from ..errors import CheckpointCorruptError, FlowError, UsageError
 from ..flow.model import StepSpec
 from ..home import Home, checkpoint_path
 from ..states import Actor
@@ -31,6 +33,7 @@ from ..store.base import Store
 from . import rng
 from .metrics import MetricsBuffer, TensorBoardExport, check_points
 from .restart import no_valid_checkpoint, restart_floor
+from .scratch import ScratchArea, base_dir
 
 if TYPE_CHECKING:
     from ..data.elastic import Placement
@@ -119,6 +122,8 @@ class StepContext:
         options: Mapping[str, Any] | None = None,
         placement: Placement | None = None,
         pool_factory: Callable[..., SubWorkerPool] | None = None,
+        task: str | None = None,
+        path: Mapping[str, Any] | None = None,
     ) -> None:
         self.run_id = run_id
         # What the worker was told by its controller's record (run.worker_options), for
@@ -131,8 +136,16 @@ class StepContext:
         # or resumed with, never the environment of whichever process started it.
         self.home = home
         self.options: Mapping[str, Any] = MappingProxyType(dict(options or {}))
-        self.step = spec.name
+        self.step = task or spec.name  # a fan-out's item or a loop's iteration: NAME.K
         self.spec = spec
+        # Where this task is on the run's path (docs/flows.md): a fan-out's item and its
+        # index, a loop's iteration and the output of the one before (None at first).
+        where = dict(path or {})
+        self.index: int | None = where.get("index")
+        self.item: Any = where.get("item")
+        self.iteration: int | None = where.get("iteration")
+        self.previous: Any = where.get("previous")
+        self.chosen: tuple[str, ...] | None = None
         self.params = MappingProxyType(dict(params))
         self.epoch = epoch
         self.attempt = attempt
@@ -146,6 +159,9 @@ class StepContext:
         self._storage = storage
         self._flags = flags
         self._fingerprint = code_fingerprint
+        # Called before each checkpoint's commit: the worker's record of what the step's
+        # process imported (run.environment.ImportsRecorder), so a committed state has one.
+        self.before_commit: Callable[[], None] | None = None
         every: str | float | None
         if spec.checkpoint_auto:
             every = "auto"
@@ -169,6 +185,25 @@ class StepContext:
         self._next_seq = 1
         self._restored = False
         self.checkpoints_written = 0
+        # ctx.scratch (run/scratch.py): set up by prepare_scratch before the step runs,
+        # which also restores the checkpoint that restore() then returns (kept here).
+        self._scratch: ScratchArea | None = None
+        self._early: tuple[Any, ckpt.Manifest | None] | None = None
+        self._loaded_manifest: ckpt.Manifest | None = None
+
+    def choose(self, *steps: str | Callable[..., Any]) -> None:
+        """At a branch point (``@flow.step(choices=[...])``): run these of its choices;
+        the others are SKIPPED. Recorded with the step's output, so a resume follows
+        the path taken, whatever the step would decide now."""
+        names = tuple(s if isinstance(s, str) else s.__name__ for s in steps)
+        if not self.spec.choices:
+            raise FlowError(f"step {self.spec.name!r} called ctx.choose but declares no choices; "
+                            f"declare them with @flow.step(choices=[...])")
+        unknown = [n for n in names if n not in self.spec.choices]
+        if not names or unknown:
+            raise FlowError(f"step {self.spec.name!r}: ctx.choose takes one or more of "
+                            f"{list(self.spec.choices)}, not {list(names)}")
+        self.chosen = tuple(dict.fromkeys(names))
 
     # -- cheap checks (no I/O) -----------------------------------------------
     @property
@@ -272,6 +307,11 @@ class StepContext:
         ``check``, which raises CheckpointCorruptError to reject it), or None on a first
         start; the bad ones are quarantined as :meth:`restore` says. A ``like`` template
         is checked against its state (:meth:`restore`) before its arrays are read."""
+        early, self._early = self._early, None
+        if early is not None and check is None:  # restored by prepare_scratch already
+            if like is not None and early[1] is not None:
+                self._check_like(str(self.restored_seq), early[1], like)
+            return early[0]
         everything = self._store.list_checkpoints(
             self.run_id, self.step, statuses=("committed", "quarantined", "pruned")
         )
@@ -292,12 +332,15 @@ class StepContext:
                 loaded = ckpt.load(self._storage, rec.path, allow_pickle=self.spec.allow_pickle)
                 if check is not None:
                     check(loaded.state)
+                if self._scratch is not None:  # its files come from this same checkpoint
+                    self._scratch.restore(self._storage, rec.seq, rec.path, loaded.manifest)
             except CheckpointCorruptError as exc:
                 bad.append((rec.seq, rec.path, exc, self._quarantine(rec.seq, rec.path, exc)))
                 continue
             self._warn_bad(bad, f"using checkpoint {rec.seq} at {rec.path}", rec.seq, rec.path)
             self._interval.mark(None)
             self.restored_seq = rec.seq
+            self._loaded_manifest = loaded.manifest
             return loaded.state
         if committed:
             self._warn_bad(bad, "no earlier checkpoint verifies", None, None)
@@ -371,6 +414,11 @@ class StepContext:
             "position": pos,
             "code_fingerprint": self._fingerprint,
         }
+        # ctx.scratch's files as they are now (copied: writes after this call cannot
+        # reach the checkpoint); over its declared size, nothing is written.
+        snap = self._scratch.snapshot(seq) if self._scratch is not None else None
+        if snap is not None:
+            meta[ckpt_scratch.META_KEY] = snap.listing
 
         def on_durable(saved: ckpt.SaveResult) -> None:
             # Runs in the writer's thread once the manifest is durable.
@@ -378,13 +426,23 @@ class StepContext:
             self.commit(seq, path, pos, nbytes=saved.nbytes + self._manifest_size(path),
                         duration_s=time.perf_counter() - t0)
 
-        if durable or self._flags.pause_requested:
-            # Committed on return (a pause too waits for it): written in line, nothing staged.
-            self._writer.save(path, {"state": state, "rng": rng.capture()}, meta=meta,
-                              on_durable=on_durable)
-        else:
-            self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
-                                    on_durable=on_durable)
+        files = snap.plans if snap is not None else []
+        try:
+            if durable or self._flags.pause_requested:
+                # Committed on return (a pause too waits for it): written in line, nothing staged.
+                self._writer.save(path, {"state": state, "rng": rng.capture()}, meta=meta,
+                                  on_durable=on_durable, blobs=files)
+                if snap is not None:
+                    snap.discard()
+            else:
+                fut = self._writer.save_async(path, {"state": state, "rng": rng.capture()}, meta=meta,
+                                              on_durable=on_durable, blobs=files)
+                if snap is not None:  # its copies are read until the save has ended
+                    fut.add_done_callback(lambda _: snap.discard())
+        except BaseException:
+            if snap is not None:
+                snap.discard()
+            raise
         self.saved(self._cur_steps)
         if self._flags.pause_requested:
             raise Park()
@@ -392,6 +450,40 @@ class StepContext:
     def close(self) -> None:
         """Wait for the save in flight (raising its failure, if any) and stop the writer."""
         self._writer.close()
+
+    # -- ctx.scratch (run/scratch.py) -------------------------------------------------
+    @property
+    def scratch(self) -> Path:
+        """This attempt's local directory, whose files are saved with every checkpoint
+        (up to the step's ``scratch=`` size) and put back before the next attempt runs
+        the step: those of the checkpoint :meth:`restore` returns."""
+        if self.spec.scratch is None:
+            gang = " (and gang steps, world_size > 1, have none)" if self.world_size > 1 else ""
+            raise UsageError(f"step {self.spec.name!r} declares no scratch directory{gang}; declare "
+                             f"its size with @flow.step(scratch=\"2GB\") to use ctx.scratch")
+        if self._scratch is None:
+            self.prepare_scratch()
+        assert self._scratch is not None
+        return self._scratch.path
+
+    def prepare_scratch(self) -> None:
+        """Before the step function runs (the worker calls it): make ``ctx.scratch``
+        empty, restore the step's checkpoint and put its files there. :meth:`restore`
+        then returns that checkpoint's state without reading it again. Nothing for a
+        step without ``scratch=``."""
+        if self.spec.scratch is None or self._scratch is not None:
+            return
+        area = ScratchArea(base_dir(self.home, self.run_id, self.step), self.epoch, self.spec.scratch,
+                           task=self.step)
+        area.open()
+        self._scratch = area
+        state = self.restore_payload()
+        self._early = (state, self._loaded_manifest)
+
+    def drop_scratch(self) -> None:
+        """The attempt ended: remove its scratch directory (its checkpoints hold the files)."""
+        if self._scratch is not None:
+            self._scratch.drop()
 
     # -- the commit protocol's parts (a gang's coordinator uses them too) -------------
     def claim_seq(self) -> tuple[int, str]:
@@ -420,6 +512,8 @@ class StepContext:
         never the one reported when the save began: that may be older than what the
         heartbeat wrote meanwhile), and prune past the retention, unless the caller
         calls :meth:`apply_retention` itself later (a gang, once its ranks go on)."""
+        if self.before_commit is not None:
+            self.before_commit()
         # First too: the commit's event records the progress the store holds (the UI's chart).
         self.flush_progress()
         self.flush_metrics()  # the points logged before the checkpoint are durable with it

@@ -17,13 +17,14 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from .. import _faults
 from .._procs import pid_alive
 from ..errors import FencedError, StoreError
 from ..executor import Executor, Launch, LocalProcessExecutor, WorkerHandle
 from ..executor.exits import EXIT_FENCED, EXIT_OK, EXIT_ORPHANED, EXIT_PARKED
-from ..flow.model import StepSpec
+from ..flow.model import StepSpec, task_step
 from ..home import Home
 from ..hostname import given_host, this_host
 from ..scheduler.agent import RunScheduler
@@ -34,10 +35,14 @@ from ..store.pools import open_pool
 from .logs import attempt_log_path, record_failure
 from .options import RunOptions
 from .outage import EXIT_DISK_FULL, describe_store_failure, store_unwritable
+from .paths import PathError, Paths
 from .recovery import attempt_start, describe_exit, last_alive, reclaim_orphan
 from .spawn import spawn_detached
 from .storage_check import shared_storage
 from .worker_options import WorkerOptions
+
+if TYPE_CHECKING:
+    from ..checkpoint import CheckpointStorage
 
 log = logging.getLogger("segue.controller")
 # How long a worker an executor started elsewhere (Ray) may take to record its pid
@@ -140,6 +145,9 @@ class Controller:
         # The pool: host-wide, or cluster-wide with a PostgreSQL store (store.hostpool).
         pool = open_pool(self.pool_path or pool_path(self.home.root, store=self.home.store), store=self.store)
         self.moved_to: str | None = None  # the host the run was handed over to, if any
+        self._path_error: str | None = None  # a decision of the run's path could not be made
+        self._decisions_read = False
+        self.paths = Paths(self.steps, self.order, self._read_state, self._read_value, decided=set())
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),
             run_id=self.run_id, steps=self.steps, host=self.host,
@@ -151,6 +159,51 @@ class Controller:
             gpus_override=self.options.gpus, gpu_memory_override=self.options.gpu_memory,
             spawn=self._spawn_controller, store_url=self.home.store,
         )
+
+    # -- the run's path (run/paths.py) -------------------------------------------------
+    def _storage(self) -> CheckpointStorage:
+        if not hasattr(self, "_run_storage"):
+            self._run_storage = self.home.run_storage(self.store.get_run(self.run_id))
+        return self._run_storage
+
+    def _read_state(self, task: str, ref: str) -> dict[str, object]:
+        from ..checkpoint import load  # the checkpoint engine only for a flow that decides
+
+        state = load(self._storage(), ref, allow_pickle=self.paths_spec(task).allow_pickle).state
+        return state if isinstance(state, dict) else {}
+
+    def _read_value(self, task: str) -> object:
+        from .stepio import load_output
+
+        return load_output(self.store, self._storage(), self.run_id, task,
+                           self.store.get_task(self.run_id, task).output_ref,
+                           allow_pickle=self.paths_spec(task).allow_pickle)
+
+    def paths_spec(self, task: str) -> StepSpec:
+        return self.steps[task_step(task)[0]]
+
+    def _decide(self, tasks: dict[str, TaskRecord]) -> bool:
+        """Record what the committed outputs decided (fan-outs, branches, loops); True if
+        anything was written. A decision that cannot be made fails the run, with why."""
+        if self._path_error is not None:
+            return False
+        try:
+            plan = self.paths.plan(tasks)
+        except (PathError, StoreError) as exc:
+            self._path_error = str(exc)
+            return False
+        for d in plan.decisions:
+            _faults.fault_point("controller.before_decision")
+            self.store.record_decision(self.run_id, d.step, controller_epoch=self.epoch, actor=Actor.CONTROLLER,
+                                       reason=d.reason, add=d.add, skip=d.skip, data=d.data, epoch=d.epoch)
+            self.paths.decided.add(d.step)
+            _faults.fault_point("controller.after_decision")
+        for c in plan.completions:
+            rec = self.store.start_attempt(self.run_id, c.step, ttl_s=self.options.lease_ttl_s,
+                                           actor=Actor.CONTROLLER)
+            self.store.complete_task(self.run_id, c.step, rec.epoch, output_ref=c.output_ref,
+                                     actor=Actor.CONTROLLER)
+        return bool(plan.decisions or plan.completions)
 
     def _spawn_controller(self, home: str, run_id: str) -> None:
         # A run of this store (every run of a cluster's store has its key) is this home's.
@@ -254,6 +307,18 @@ class Controller:
                     notifier.stop()  # bounded drain: the final transition's webhook leaves now
 
     def _tick(self) -> RunState | None:
+        if not self._decisions_read and any(s.choices or s.dynamic for s in self.steps.values()):
+            # What the store says was decided; a step started over since (`--restart-step`)
+            # decides again.
+            for e in self.store.list_events(self.run_id, kinds=("decision", "restart-step", "restart-path")):
+                if e.kind == "restart-path":  # the tasks it dropped: new ones start above their epochs
+                    for group, floor in (e.data.get("floors") or {}).items():
+                        self.paths.floors[group] = max(self.paths.floors.get(group, 0), int(floor))
+                elif e.step and e.kind == "decision":
+                    self.paths.decided.add(e.step)
+                elif e.step:
+                    self.paths.decided.discard(e.step)
+            self._decisions_read = True
         run = self._renew_or_read()
         if run is None:
             return self.store.get_run(self.run_id).state
@@ -411,10 +476,18 @@ class Controller:
         if run.state != RunState.RUNNING:
             return run.state
         by_state = {t.step: t for t in tasks}
-        if all(t.state == TaskState.SUCCEEDED for t in tasks):
+        if self._decide(by_state):
+            tasks = self.store.get_tasks(self.run_id)
+            by_state = {t.step: t for t in tasks}
+        if all(t.state.settled for t in tasks):
             self.store.transition_run(self.run_id, RunState.SUCCEEDED, actor=Actor.CONTROLLER,
-                                      reason="every step succeeded", controller_epoch=self.epoch)
+                                      reason="every step succeeded" if all(
+                                          t.state == TaskState.SUCCEEDED for t in tasks)
+                                      else "every step succeeded or was skipped",
+                                      controller_epoch=self.epoch)
             return RunState.SUCCEEDED
+        if self._path_error is not None:
+            return self._path_failed(self._path_error)
         if self._disk_full is not None:
             # An attempt ran out of space: park the others at their next checkpoint
             # (or the pause deadline) rather than let them fail the same way.
@@ -460,13 +533,25 @@ class Controller:
                                   controller_epoch=self.epoch)
         return RunState.FAILED
 
-    def _failing(self, failed: list[TaskRecord]) -> RunState | None:
-        # Park the others so their progress is kept, then stop the run.
+    def _park_others(self) -> bool:
+        """Ask every attempt to park, once (their progress is kept); True while any runs."""
         if not self._failure_pause_sent:
             self._failure_pause_sent = True
             for a in self.attempts.values():
                 a.handle.request_pause()
-        if self.attempts:
+        return bool(self.attempts)
+
+    def _path_failed(self, why: str) -> RunState | None:
+        # The others park first; the run fails with the reason.
+        if self._park_others():
+            return None
+        self.store.transition_run(self.run_id, RunState.FAILED, actor=Actor.CONTROLLER, reason=why,
+                                  controller_epoch=self.epoch)
+        return RunState.FAILED
+
+    def _failing(self, failed: list[TaskRecord]) -> RunState | None:
+        # Park the others so their progress is kept, then stop the run.
+        if self._park_others():
             return None
         errors = {t.step: self._not_retryable_error(t) for t in failed}
         why = "; ".join(f"step {step} exhausted its retries" if e is None else
@@ -542,13 +627,17 @@ class Controller:
         now = self._now()
         budget = self.options.max_parallel_cpus
         used = sum(self.steps[a.step].resources.cpus for a in self.attempts.values())
-        for name in self.order:
+        unplaced: set[str] = set()  # a group's tasks all need the same: one that waits, all wait
+        for name in tasks:  # a fan-out's items and a loop's iterations run as their step
+            if name not in self.steps:
+                self.steps[name] = self.paths_spec(name)
+        for name in self.paths.expanded_order(tasks):
             t = tasks[name]
-            if name in self.attempts:
+            group = task_step(name)[0]
+            if name in self.attempts or group in unplaced:
                 continue
             ready = (
-                t.state == TaskState.PENDING
-                and all(tasks[u].state == TaskState.SUCCEEDED for u in self.steps[name].after)
+                t.state == TaskState.PENDING and self.paths.may_start(name, tasks)
             ) or (t.state == TaskState.RETRYING and (t.next_attempt_at or 0) <= now)
             if not ready:
                 continue
@@ -557,6 +646,8 @@ class Controller:
                 break
             if self._launch(name):
                 used += need
+            elif group != name:
+                unplaced.add(group)
 
     def _launch(self, step: str) -> bool:
         placed = self.sched.try_place(step, actor=Actor.CONTROLLER)

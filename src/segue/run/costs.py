@@ -10,14 +10,14 @@ current prices, so ``cost = resource-hours x price`` holds exactly.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._procs import controller_alive
 from ..placement.pricing import CPU, HOURS_PER_MONTH, UNKNOWN_GPU, Prices
 from ..scheduler.accounting import gpus_of, pending_saving, rates_of
 from ..states import TaskState
-from ..store.base import Store
+from ..store.base import Store, TaskRecord
 from .recovery import attempt_start, last_alive
 
 
@@ -31,7 +31,7 @@ def _add(into: dict[str, float], more: Mapping[str, float]) -> None:
 
 
 def _in_flight(store: Store, pool: Any, home_key: str | None, run_id: str,
-               now: float) -> tuple[float, dict[str, float]]:
+               now: float, tasks: Sequence[TaskRecord]) -> tuple[float, dict[str, float]]:
     """Wall seconds and resource-seconds per type of the attempts running now.
 
     ``pool``: where allocations and hosts live (the store itself while it holds
@@ -39,7 +39,7 @@ def _in_flight(store: Store, pool: Any, home_key: str | None, run_id: str,
     An attempt of a run that nothing drives (its controller died) ended, unseen,
     at its last heartbeat: it is counted that far, as its reclaim will charge it.
     """
-    running = {t.step: t for t in store.get_tasks(run_id) if t.state == TaskState.RUNNING}
+    running = {t.step: t for t in tasks if t.state == TaskState.RUNNING}
     if not running or pool is None:
         return 0.0, {}
     driven = controller_alive(store.get_run(run_id), store.now())
@@ -61,13 +61,15 @@ def _in_flight(store: Store, pool: Any, home_key: str | None, run_id: str,
     return wall, held
 
 
-def _saved(store: Store, run_id: str, stats: Mapping[str, float]) -> tuple[float, float, dict[str, float]]:
+def _saved(tasks: Sequence[TaskRecord], stats: Mapping[str, float]) -> tuple[float, float, dict[str, float]]:
     """(resumes, wall seconds, resource-seconds per type) saved by resuming, including a
     resume whose attempt is still running (credited to the counters when it ends)."""
     resumes = stats.get("resumes", 0.0)
     wall = stats.get("saved_s", 0.0)
     per_type = _per_type(stats, "saved:")
-    for t in store.get_tasks(run_id):
+    for t in tasks:
+        if f"step:{t.step}:pending_epoch" not in stats:  # (pending_saving's key) most tasks: none
+            continue
         epoch, s, types = pending_saving(stats, t.step)
         if epoch and t.epoch > epoch:
             resumes, wall = resumes + 1, wall + s
@@ -81,7 +83,9 @@ def _usd(x: float) -> float:
 
 def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
                now: float | None = None, pool: Any = None,
-               home_key: str | None = None) -> dict[str, Any]:
+               home_key: str | None = None, tasks: Sequence[TaskRecord] | None = None) -> dict[str, Any]:
+    """``tasks``: the run's, read already by the caller (a fan-out has thousands)."""
+    tasks = store.get_tasks(run_id) if tasks is None else tasks
 
     prices = prices or Prices.resolve()
     now = time.time() if now is None else now
@@ -92,10 +96,10 @@ def accounting(store: Store, run_id: str, prices: Prices | None = None, *,
         redone = {UNKNOWN_GPU: stats.get("device_s_redone", 0.0)}
     if pool is None and hasattr(store, "list_allocations"):
         pool = store
-    live_s, live = _in_flight(store, pool, home_key, run_id, now)
+    live_s, live = _in_flight(store, pool, home_key, run_id, now, tasks)
     _add(held, live)
     useful = {k: v - redone.get(k, 0.0) for k, v in held.items()}
-    resumes, saved_s, saved = _saved(store, run_id, stats)
+    resumes, saved_s, saved = _saved(tasks, stats)
 
     cks = store.list_checkpoints(run_id, statuses=("committed", "quarantined", "pruned"))
     stored = [c for c in cks if c.status != "pruned"]

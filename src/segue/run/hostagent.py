@@ -70,6 +70,8 @@ class HostAgent:
     epoch: int = 0
     taken: list[str] = field(default_factory=list)  # runs this agent took over, in order
     _pool: Any = None  # opened at the first tick that needs it
+    schedules: bool = True  # fire the store's schedules too (run.schedules)
+    _firer: Any = None
 
     @property
     def actor(self) -> str:
@@ -121,6 +123,13 @@ class HostAgent:
             if self._take_over(run, moved=target == self.host):
                 taken.append(run.run_id)
         self.taken += taken
+        if self.schedules:  # due slots of the store's schedules (run.schedules); fenced in the store
+            if self._firer is None:
+                from .schedules import ScheduleFirer
+
+                self._firer = ScheduleFirer(self.home, self.store, host=self.host, pool=self.pool,
+                                            actor=self.actor)
+            self._firer.tick()
         return taken
 
     def _orphaned(self, run: RunRecord, at: float) -> bool:

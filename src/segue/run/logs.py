@@ -30,7 +30,8 @@ log = logging.getLogger("segue.logs")
 
 TAIL_LINES = 12  # lines of a traceback kept in the store
 _LINE_MAX = 400  # characters per kept line: a huge repr must not bloat the events table
-_STEP = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")  # the flow's rule for step names
+# The flow's rule for step names; a fan-out's item or a loop's iteration is NAME.K.
+_STEP = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}(\.[0-9]{1,9})?")
 STOPPED = (RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED, RunState.PAUSED)
 
 
@@ -38,7 +39,7 @@ def check_step(step: str) -> str:
     """Step names become file names: only identifiers (no '..', '/', NUL, newline)."""
     if not isinstance(step, str) or not _STEP.fullmatch(step):
         raise UsageError(f"step name {step!r} is invalid; step names are Python identifiers "
-                         "(letters, digits and '_')")
+                         "(letters, digits and '_'), or NAME.K for item K of a fan-out")
     return step
 
 

@@ -122,7 +122,8 @@ def make_controller(
 ) -> Controller:
     opts = RunOptions.from_json(run.options)
     return Controller(
-        home=home, store=store, run_id=run.run_id, steps=loaded.flow.steps, order=loaded.order,
+        # A copy: the controller adds the tasks a fan-out or a loop creates (run/paths.py).
+        home=home, store=store, run_id=run.run_id, steps=dict(loaded.flow.steps), order=loaded.order,
         executor=executor_for(opts.executor, opts.ray_address),
         actor=actor, on_tick=on_tick, interrupts=interrupts or Interrupts(),
         pool_path=None if pool is None else str(pool), claim=claim,
@@ -162,22 +163,35 @@ def check_resumable(store: Store, run_id: str) -> RunRecord:
 
 def apply_resume_choices(
     store: Store, run: RunRecord, *, restart_step: str | None = None,
-    on_input_change: str | None = None, actor: str = Actor.CLI,
+    on_input_change: str | None = None, actor: str = Actor.CLI, on_env_change: str | None = None,
+    flow: Mapping[str, StepSpec] | None = None,
 ) -> RunRecord:
     """The operator's changes at resume: validated first, then stored, before any controller starts.
 
     A plain resume is refused (exit 2) when a step could only start from
     scratch; ``restart_step`` is the explicit way (segue.run.restart).
     ``on_input_change`` replaces the stored option every later worker reads.
+    ``flow``: the run's steps; with them, ``restart_step`` may name a step that
+    succeeded, whose path then starts over (:func:`segue.run.restart.restart_path`).
     """
-    opts = RunOptions.from_json(run.options).with_changes(on_input_change=on_input_change)
+    opts = RunOptions.from_json(run.options).with_changes(on_input_change=on_input_change,
+                                                          on_env_change=on_env_change)
+    path = False
     if restart_step is not None:
-        restart.check_step(store, run.run_id, restart_step)
-    restart.check_resumable_steps(store, run.run_id, skip=restart_step)
+        restart.check_step(store, run.run_id, restart_step, flow)
+        path = flow is not None and restart.starts_path(store, run.run_id, restart_step, flow)
+    restart.check_resumable_steps(
+        store, run.run_id, skip=restart_step,
+        also=restart.downstream(flow, restart_step) if path and flow and restart_step else ())
     if opts.to_json() != RunOptions.from_json(run.options).to_json():
         run = store.set_run_options(run.run_id, opts.to_json(), actor=actor,
-                                    reason=f"options changed at resume: on_input_change={on_input_change}")
-    if restart_step is not None:
+                                    reason="options changed at resume: " + ", ".join(
+                                        f"{k}={v}" for k, v in (("on_input_change", on_input_change),
+                                                                ("on_env_change", on_env_change))
+                                        if v is not None))
+    if restart_step is not None and path and flow is not None:
+        restart.restart_path(store, run.run_id, restart_step, flow, actor=actor)
+    elif restart_step is not None:
         restart.restart_step(store, run.run_id, restart_step, actor=actor)
     return run
 
@@ -265,11 +279,12 @@ def wait_for_state(
         time.sleep(poll_s)
 
 
-def cancel(store: Store, run_id: str, *, actor: str = Actor.CLI) -> RunRecord:
+def cancel(store: Store, run_id: str, *, actor: str = Actor.CLI,
+           reason: str = "cancelled by the operator") -> RunRecord:
     run = store.get_run(run_id)
     if run.state in (RunState.SUCCEEDED, RunState.CANCELLED):
         refuse_unless_allowed(run, RunState.CANCELLED)
-    run = store.transition_run(run_id, RunState.CANCELLED, actor=actor, reason="cancelled by the operator")
+    run = store.transition_run(run_id, RunState.CANCELLED, actor=actor, reason=reason)
     if not run.controller_alive(store.now()) or (run.controller_host == this_host()
                                       and not pid_alive(run.controller_pid)):
         for t in store.get_tasks(run_id):

@@ -12,6 +12,7 @@ from ..placement.policy import MAX_PRIORITY
 
 # Options whose value is one of a few words (the others are numbers or booleans).
 _CHOICES: dict[str, tuple[str, ...]] = {"on_input_change": ("fail", "pin", "include-new"),
+                                        "on_env_change": ("fail", "warn", "allow"),
                                         "executor": ("local", "ray")}
 # Options whose value is free text (a path, a URL, an address).
 _TEXT = ("checkpoints", "ray_address")
@@ -39,6 +40,9 @@ class RunOptions:
     # worker started by any controller (a resume, an auto-resume after
     # preemption) applies the policy the operator chose.
     on_input_change: str = "fail"
+    # What a resume does when a distribution a step imported, or a variable the flow
+    # declares, changed since the run last ran (segue.run.environment).
+    on_env_change: str = "fail"
     # Where the run's checkpoints and step outputs live: "" for the home's data
     # directory, an absolute path, or any fsspec URL (s3://bucket/prefix, gs://...),
     # so that every host of a cluster reads the same ones (segue.home.storage_at).

@@ -27,7 +27,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | Home | No
     as ``--home`` (default ``$SEGUE_HOME`` or ``./.segue``). Set ``allow_pickle``
     only for a step declared with ``allow_pickle=True`` whose code you trust.
     """
-    from .. import checkpoint as ckpt  # the checkpoint engine is imported only when needed
+    from .stepio import load_output  # the checkpoint engine is imported only when needed
 
     h = home if isinstance(home, Home) else Home.resolve(home)
     if not h.exists():  # reading never creates a home
@@ -42,9 +42,7 @@ def read_output(run_id: str, step: str, home: str | os.PathLike[str] | Home | No
     if t.state != TaskState.SUCCEEDED:
         raise UsageError(f"step {step!r} of run {run_id!r} has not succeeded yet (it is "
                          f"{t.state.value}); see `segue status {run_id}`")
-    if t.output_ref is None:
-        return None
-    return ckpt.load(h.run_storage(run), t.output_ref, allow_pickle=allow_pickle).state["value"]
+    return load_output(store, h.run_storage(run), run_id, step, t.output_ref, allow_pickle=allow_pickle)
 
 
 def to_json(value: Any, where: str = "output") -> Any:

@@ -15,7 +15,10 @@ step published before (segue.data.sinks).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
+
 from ..errors import NotFoundError, NoValidCheckpointError, UsageError
+from ..flow.model import StepSpec, task_step
 from ..states import Actor, TaskState
 from ..store.base import CheckpointRecord, Store
 
@@ -47,10 +50,12 @@ def no_valid_checkpoint(run_id: str, step: str, total: int, details: str) -> NoV
     )
 
 
-def check_resumable_steps(store: Store, run_id: str, *, skip: str | None = None) -> None:
-    """Refuse a plain resume when a step could only start from scratch (exit 2, nothing written)."""
+def check_resumable_steps(store: Store, run_id: str, *, skip: str | None = None,
+                          also: Collection[str] = ()) -> None:
+    """Refuse a plain resume when a step could only start from scratch (exit 2, nothing written).
+    ``skip`` (and the steps of ``also`` with their items): started over by this resume."""
     for t in store.get_tasks(run_id):
-        if t.state == TaskState.SUCCEEDED or t.step == skip:
+        if t.state == TaskState.SUCCEEDED or t.step == skip or task_step(t.step)[0] in also:
             continue
         history = checkpoint_history(store, run_id, t.step)
         if history and not any(c.status == "committed" for c in history):
@@ -58,12 +63,14 @@ def check_resumable_steps(store: Store, run_id: str, *, skip: str | None = None)
             raise UsageError(str(err))
 
 
-def check_step(store: Store, run_id: str, step: str) -> None:
-    """``--restart-step STEP`` names a step of the run that has not succeeded (else UsageError)."""
+def check_step(store: Store, run_id: str, step: str, flow: Mapping[str, StepSpec] | None = None) -> None:
+    """``--restart-step STEP`` names a step of the run that has not succeeded, or (given the
+    flow's steps) any step of it: one that succeeded starts its path over (else UsageError)."""
     steps = {t.step: t for t in store.get_tasks(run_id)}
-    if step not in steps:
-        raise NotFoundError(f"run {run_id!r} has no step {step!r}; its steps are {', '.join(steps)}")
-    if steps[step].state == TaskState.SUCCEEDED:
+    if step not in steps or (flow is not None and task_step(step)[1] is not None):
+        known = ", ".join(n for n in steps if task_step(n)[1] is None)
+        raise NotFoundError(f"run {run_id!r} has no step {step!r}; its steps are {known}")
+    if steps[step].state == TaskState.SUCCEEDED and flow is None:
         raise UsageError(f"step {step!r} of run {run_id!r} already succeeded; --restart-step only "
                          f"starts over a step that has not finished; start a new run instead")
 
@@ -83,3 +90,40 @@ def restart_step(store: Store, run_id: str, step: str, *, actor: str = Actor.CLI
             store.set_checkpoint_status(run_id, step, c.seq, "pruned", actor=actor,
                                         reason=f"discarded by --restart-step {step}")
     return floor
+
+
+def starts_path(store: Store, run_id: str, step: str, flow: Mapping[str, StepSpec]) -> bool:
+    """Whether ``--restart-step STEP`` starts a path over: the step succeeded (what came after
+    it may have been decided from its output), or it is a fan-out or a loop."""
+    t = store.get_task(run_id, step)
+    return t.state in (TaskState.SUCCEEDED, TaskState.SKIPPED) or flow[step].dynamic
+
+
+def downstream(flow: Mapping[str, StepSpec], step: str) -> list[str]:
+    """``step`` and every step that runs after it, directly or not, in declaration order."""
+    out = {step}
+    changed = True
+    while changed:
+        changed = False
+        for spec in flow.values():
+            if spec.name not in out and out.intersection(spec.after):
+                out.add(spec.name)
+                changed = True
+    return [n for n in flow if n in out]
+
+
+def restart_path(store: Store, run_id: str, step: str, flow: Mapping[str, StepSpec], *,
+                 actor: str = Actor.CLI) -> list[str]:
+    """Start ``step`` and everything after it over, in one store transaction: their tasks back
+    to PENDING with their checkpoints discarded, the items and iterations of the fan-outs and
+    loops among them dropped. Their next decisions are made anew from the outputs the steps
+    commit then (the controller reads decisions recorded after the restart only). Returns the
+    steps started over."""
+    steps = downstream(flow, step)
+    tasks = [t.step for t in store.get_tasks(run_id)]
+    drop = [n for n in tasks if task_step(n)[1] is not None and task_step(n)[0] in steps]
+    store.restart_path(run_id, step, reset=steps, drop=drop, actor=actor,
+                       reason=f"--restart-step {step}: {step} and the {len(steps) - 1} step(s) after it "
+                              f"start over; their path is decided again"
+                              + (f" ({len(drop)} item(s) and iteration(s) dropped)" if drop else ""))
+    return steps

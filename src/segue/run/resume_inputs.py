@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..data.pinning import changes
 from ..errors import CheckpointError, UsageError
 from ..flow import LoadedFlow
 from ..home import Home
@@ -41,6 +42,62 @@ def check_inputs(home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *
         if not isinstance(state, dict) or not isinstance(state.get("pin"), dict):
             continue  # no checkpoint yet: the first start pins the input as it is then
         _reconcile(decl, run, task.step, state["pin"], policy)
+
+
+def check_decisions(home: Home, store: Store, run: RunRecord, loaded: LoadedFlow, *,
+                    on_input_change: str | None = None, restart: str | None = None) -> list[str]:
+    """The run's recorded path against the files it was decided from (``inputs=``).
+
+    A fan-out or a branch decided from files that changed since is refused with a
+    line naming the decision and the change, unless the policy keeps the recorded
+    path (``pin``; ``include-new`` too: what data steps read is theirs to judge);
+    returns what was kept despite a change, for the run's events. Nothing is checked
+    once every task is settled, and nothing is ever decided again here: ``restart``
+    (``--restart-step``) starts a step and those after it over, and they decide anew.
+    """
+    from .paths import snapshot_inputs
+    from .restart import downstream
+
+    again = set(downstream(loaded.flow.steps, restart)) if restart in loaded.flow.steps else set()
+
+    policy = RunOptions.from_json(run.options).with_changes(on_input_change=on_input_change).on_input_change
+    if all(t.state.settled for t in store.get_tasks(run.run_id)):
+        return []
+    kept: list[str] = []
+    for e in store.list_events(run.run_id, kinds=("decision",)):
+        kind = e.data.get("kind")
+        decider = e.step if kind == "branch" else e.data.get("over") if kind == "foreach" else None
+        spec = loaded.flow.steps.get(decider or "")
+        ref = e.data.get("output_ref")
+        if spec is None or spec.name in again or not spec.inputs or "inputs_digest" not in e.data \
+                or not isinstance(ref, str):
+            continue
+        old = _saved_inputs(home, run, ref, spec.allow_pickle)
+        if old is None:
+            continue
+        added, removed, modified = changes(old, snapshot_inputs(spec, run.params))
+        diff = added + removed + modified
+        if not diff:
+            continue
+        shown = "; ".join(diff[:3]) + (f"; and {len(diff) - 3} more" if len(diff) > 3 else "")
+        what = (f"the choice of {', '.join(e.data.get('chose', []))} by {decider}" if kind == "branch"
+                else f"the fan-out of {e.step} over {e.data.get('items')} item(s) of {decider}")
+        if policy == "fail":
+            raise UsageError(f"resume of run {run.run_id!r} refused: {what} was made from inputs that changed "
+                             f"since ({shown}); pass --on-input-change pin to keep the path taken, or "
+                             f"--restart-step {decider} to decide again")
+        kept.append(f"{what} is kept (--on-input-change {policy}) although its inputs changed: {shown}")
+    return kept
+
+
+def _saved_inputs(home: Home, run: RunRecord, ref: str, allow_pickle: bool) -> dict[str, Any] | None:
+    from ..checkpoint import load
+
+    try:
+        state = load(home.run_storage(run), ref, allow_pickle=allow_pickle).state
+    except (CheckpointError, OSError):
+        return None  # an output that does not load: the step that reads it says so
+    return state.get("inputs") if isinstance(state, dict) else None
 
 
 def _reconcile(decl: Any, run: RunRecord, step: str, pin: dict[str, Any], policy: str) -> None:

@@ -21,23 +21,46 @@ def flow_file(run: Any, placed: str | None = None) -> str:
     return placed or run.flow_path
 
 
+# A fan-out's own output is its items' outputs, in order: its task names them with
+# this reference instead of saving a copy (run/paths.py completes it).
+GATHER = "gather:"
+
+
+def gather_ref(items: int) -> str:
+    return f"{GATHER}{items}"
+
+
 def input_loader(store: Store, storage: ckpt.CheckpointStorage, run_id: str,
                  allow_pickle: bool) -> Callable[[str], Any]:
     """``load(step)``: an upstream step's output, loaded and verified (None if it returned None)."""
 
     def load(name: str) -> Any:
-        ref = store.get_task(run_id, name).output_ref
-        if ref is None:
-            return None
-        return ckpt.load(storage, ref, allow_pickle=allow_pickle).state["value"]
+        return load_output(store, storage, run_id, name, store.get_task(run_id, name).output_ref,
+                           allow_pickle=allow_pickle)
 
     return load
 
 
+def load_output(store: Store, storage: ckpt.CheckpointStorage, run_id: str, step: str, ref: str | None,
+                *, allow_pickle: bool) -> Any:
+    """The value behind a task's output reference; a fan-out's is the list of its items'."""
+    if ref is None:
+        return None
+    if ref.startswith(GATHER):
+        refs = {t.step: t.output_ref for t in store.get_tasks(run_id)}
+        return [load_output(store, storage, run_id, f"{step}.{i}", refs[f"{step}.{i}"],
+                            allow_pickle=allow_pickle) for i in range(int(ref[len(GATHER):]))]
+    return ckpt.load(storage, ref, allow_pickle=allow_pickle).state["value"]
+
+
 def save_output(storage: ckpt.CheckpointStorage, run_id: str, step: str, epoch: int, value: Any, *,
-                allow_pickle: bool) -> str:
-    """Save a step's return value as its output checkpoint; returns the reference."""
+                allow_pickle: bool, path: dict[str, Any] | None = None) -> str:
+    """Save a step's return value as its output checkpoint; returns the reference.
+
+    ``path``: what the step decided for the run's path (``chose``: the branches a
+    branch point took; ``until``: whether a loop is done), committed with the value.
+    """
     ref = output_path(run_id, step, epoch)
-    ckpt.save(storage, ref, {"value": value}, meta={"kind": "output", "run_id": run_id, "step": step,
-              "epoch": epoch}, allow_pickle=allow_pickle)
+    ckpt.save(storage, ref, {"value": value, **(path or {})}, meta={"kind": "output", "run_id": run_id,
+              "step": step, "epoch": epoch}, allow_pickle=allow_pickle)
     return ref

@@ -43,7 +43,9 @@ from ..hostname import this_host, use_host
 from ..states import Actor, RunState, TaskState
 from ..store.base import Store
 from .context import Flags, Park, StepContext
+from .environment import ImportsRecorder
 from .outage import EXIT_DISK_FULL, disk_full_line, is_disk_full
+from .paths import decided, snapshot_inputs, task_path
 from .stepio import flow_file, input_loader, save_output
 from .worker_options import WorkerOptions
 
@@ -146,15 +148,17 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int,
     hb.start()
     _faults.fault_point("worker.started")
     ctx: StepContext | None = None
+    imports = ImportsRecorder(store, run_id, step, epoch)  # what the step's process imported
     try:
         flow_path = flow_file(run, opts.ray.flow_file if opts.ray else None)  # on Ray: this node's copy
         loaded = load_flow(flow_path)
-        spec = loaded.flow.steps[step]
+        spec = loaded.flow.spec_of(step)  # a fan-out's item or a loop's iteration runs its step
+        load_input = input_loader(store, storage, run_id, spec.allow_pickle)
 
         ctx = StepContext(
             run_id=run_id, spec=spec, params=run.params, epoch=epoch, attempt=task.attempts,
             store=store, storage=storage, flags=flags,
-            load_input=input_loader(store, storage, run_id, spec.allow_pickle),
+            load_input=load_input, task=step, path=task_path(spec, step, load_input),
             code_fingerprint=digest(loaded.fingerprint),
             previous_progress=(task.progress_done, task.progress_total),
             home=home, options=run.options,
@@ -164,6 +168,7 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int,
             pool_factory=functools.partial(default_pool, ray=opts.ray),
         )
         shield_libraries()  # after the store and the storage imported their clients
+        ctx.before_commit = imports.note  # each committed state has its imports on record
         if spec.world_size > 1:  # this process coordinates the gang's ranks
             from .gang import Gang
 
@@ -173,10 +178,14 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int,
             ref = Gang(ctx, store, storage, home=home, devices=devices, flow_path=flow_path).run()
             ctx.close()
         else:
+            ctx.prepare_scratch()  # ctx.scratch holds the restored checkpoint's files
+            # The files it decides from, as they are now: before it reads them.
+            inputs = snapshot_inputs(spec, run.params) if spec.inputs else None
             result = spec.fn(ctx)
             ctx.close()  # the last checkpoint's commit lands before the output's
-            ref = None if result is None else save_output(storage, run_id, step, epoch, result,
-                                                          allow_pickle=spec.allow_pickle)
+            path = decided(spec, ctx.chosen, result, inputs)  # a choice, a loop's verdict: saved with it
+            ref = None if result is None and path is None else save_output(
+                storage, run_id, step, epoch, result, allow_pickle=spec.allow_pickle, path=path)
         _faults.fault_point("worker.before_complete")
         ctx.flush_progress()
         ctx.flush_metrics(final=True)
@@ -215,6 +224,10 @@ def run_attempt(home: Home, run_id: str, step: str, epoch: int, parent_pid: int,
         return EXIT_FAILED
     finally:
         hb.stop_event.set()
+        imports.note()  # and once more at the attempt's end (never raises)
+        if ctx is not None:
+            with contextlib.suppress(OSError):
+                ctx.drop_scratch()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ API is in :mod:`.app`, access rules in :mod:`.auth` and :mod:`.security`.
 from __future__ import annotations
 
 from . import metrics as _metrics  # noqa: F401  registers GET /metrics
+from . import schedules as _schedules  # noqa: F401  the server fires the home's schedules
 from . import webhooks as _webhooks  # noqa: F401  the server pumps the home's webhooks
 from .app import create_app
 

@@ -10,6 +10,7 @@
     GET  /api/runs/{run}/events             Client.events     (viewer; ?follow=true: SSE)
     GET  /api/runs/{run}/progress           SSE: the status at each change, until the run rests
     GET  /api/runs/{run}/checkpoints        Client.checkpoints
+    GET  /api/runs/{run}/environment        Client.environment (the recorded environment, the diff to now)
     GET  /api/runs/{run}/metrics            Client.metrics    (viewer; ?step=S&since=T)
     GET  /api/runs/{run}/steps/{step}/output  Client.output
     GET  /api/runs/{run}/logs               Client.logs       (?follow=true: SSE)
@@ -113,6 +114,7 @@ class SubmitBody(_Body):
     pause_deadline_s: float | None = Field(default=None, ge=0)
     pause_on_failure: bool | None = None
     on_input_change: Literal["fail", "pin", "include-new"] | None = None
+    on_env_change: Literal["fail", "warn", "allow"] | None = None
     checkpoints: str | None = Field(default=None, max_length=4096,
                                     description="path or URL (s3://bucket/prefix) for checkpoints")
     options: dict[str, Any] = Field(default_factory=dict)
@@ -127,6 +129,7 @@ class ResumeBody(_Body):
     allow_code_change: bool = False
     restart_step: str | None = None
     on_input_change: Literal["fail", "pin", "include-new"] | None = None
+    on_env_change: Literal["fail", "warn", "allow"] | None = None
 
 
 # A size in bytes the pool can store (SQLite INTEGER): beyond it, or negative, a 422, not a 500.
@@ -294,6 +297,10 @@ def create_app(home: Home, *, pool: str | os.PathLike[str] | None = None, auth: 
     @app.get("/api/runs/{run_id}/checkpoints")
     def checkpoints(run_id: str, p: Principal = viewer) -> JSONResponse:
         return JSONResponse([asdict(c) for c in client_for(p).checkpoints(_run_id(run_id))])
+
+    @app.get("/api/runs/{run_id}/environment")
+    def environment(run_id: str, p: Principal = viewer) -> JSONResponse:
+        return JSONResponse(client_for(p).environment(_run_id(run_id)))
 
     @app.get("/api/runs/{run_id}/metrics")
     def metrics(run_id: str, p: Principal = viewer, step: str | None = Query(None, max_length=64),

@@ -17,6 +17,7 @@ _ARG = r"([^\s`;,()]+)"  # a value inside a phrase: up to a space, a backquote o
 # The JSON field of each flag a message may name.
 _FIELDS = {"run-id": "run_id", "checkpoints": "checkpoints", "restart-step": "restart_step",
            "on-input-change": "on_input_change", "allow-code-change": "allow_code_change",
+           "on-env-change": "on_env_change",
            "priority": "priority", "gpus": "gpus", "gpu-mem": "gpu_memory", "max-pause": "max_pause"}
 
 # (pattern, replacement), applied in order: the longer phrases first.

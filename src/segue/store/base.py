@@ -17,11 +17,14 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..states import RunState, TaskState
+
+if TYPE_CHECKING:
+    from .schedules_rows import NewSchedule, ScheduleRecord
 
 Clock = Callable[[], float]
 
@@ -299,6 +302,45 @@ class Store(ABC):
     def list_hosts(self) -> list[HostRecord]:
         """Every host ever registered, by name; ``alive(store.now())`` tells the live ones."""
 
+    # -- schedules (segue schedule; records in .schedules_rows) ------------------
+    @abstractmethod
+    def add_schedule(self, schedule: NewSchedule, *, actor: str) -> ScheduleRecord:
+        """Insert a schedule (not paused, no slot fired yet), created now by the store's
+        clock. UsageError if the name is taken."""
+
+    @abstractmethod
+    def get_schedule(self, name: str) -> ScheduleRecord:
+        """NotFoundError for an unknown name."""
+
+    @abstractmethod
+    def list_schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, by name."""
+
+    @abstractmethod
+    def set_schedule_paused(self, name: str, paused: bool, *, actor: str) -> ScheduleRecord:
+        """Pause or unpause a schedule (NotFoundError)."""
+
+    @abstractmethod
+    def remove_schedule(self, name: str, *, actor: str) -> None:
+        """Remove a schedule (NotFoundError); the runs it created stay."""
+
+    @abstractmethod
+    def fire_slot(self, name: str, slot: float, run: NewRun, steps: Sequence[str], *,
+                  actor: str) -> RunRecord | None:
+        """Create ``run`` (PENDING, one task per step, a creation event naming the
+        schedule) as the run of ``slot`` and make ``slot`` the schedule's last slot, in
+        one transaction, only if the schedule is not paused and ``slot`` is newer than
+        its last slot; None otherwise (already fired or skipped, by any agent: nothing
+        is created). NotFoundError for an unknown schedule."""
+
+    @abstractmethod
+    def skip_slot(self, name: str, slot: float, *, actor: str, reason: str,
+                  run_id: str | None = None, error: str | None = None) -> bool:
+        """Make ``slot`` the schedule's last slot without a run, under the same fence as
+        :meth:`fire_slot` (False: taken already, or paused); ``error`` is kept as the
+        schedule's last error, and ``reason`` becomes a ``schedule`` event of ``run_id``
+        (the run still going, if given)."""
+
     # -- tasks ---------------------------------------------------------------
     @abstractmethod
     def get_tasks(self, run_id: str) -> list[TaskRecord]:
@@ -327,6 +369,30 @@ class Store(ABC):
 
         ``count_failure`` adds one to ``failures``; ``reset_failures`` zeroes it
         (resume of a FAILED run). Leaving RUNNING clears pid and lease.
+        """
+
+    @abstractmethod
+    def record_decision(self, run_id: str, step: str, *, controller_epoch: int, actor: str, reason: str,
+                        add: Sequence[str] = (), skip: Sequence[str] = (),
+                        data: Mapping[str, Any] | None = None, epoch: int = 0) -> bool:
+        """Record a choice of the run's path, in one transaction fenced by the controller's
+        epoch: create the tasks ``add`` (PENDING, after the others, at ``epoch``: above every
+        epoch tasks of those names had before a restart dropped them), move those of ``skip``
+        still PENDING to SKIPPED, and append a ``decision`` event of ``step``.
+
+        Returns False, writing nothing, when it was recorded already (the first task of
+        ``add`` exists): a controller that took over re-decides nothing.
+        """
+
+    @abstractmethod
+    def restart_path(self, run_id: str, step: str, *, reset: Sequence[str], drop: Sequence[str],
+                     actor: str, reason: str) -> None:
+        """Start a decided path over (`segue resume --restart-step STEP`), in one transaction:
+        delete the tasks ``drop`` (a fan-out's items, a loop's iterations: the next decision
+        creates them anew), move each task of ``reset`` back to PENDING (failures zeroed)
+        with a ``restart-step`` event discarding its checkpoints (their committed rows
+        pruned), and append ``step``'s ``restart-path`` event, whose ``floors`` give each
+        group the highest epoch its dropped tasks had (their successors start above it).
         """
 
     @abstractmethod

@@ -24,6 +24,9 @@ class Migration:
     version: int  # the user_version the database has once this step is applied
     description: str
     statements: tuple[str, ...]  # run one by one: executescript() would COMMIT
+    # A table rebuild (SQLite's way to change a CHECK): foreign keys are off while it
+    # runs, or dropping the old table would cascade into the rows that refer to it.
+    rebuilds: bool = False
 
 
 # State lists are spelled out (not generated from the enums) so that the
@@ -115,7 +118,29 @@ _V5 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5)
+# The task state SKIPPED (flows that branch, docs/flows.md). SQLite's documented way
+# to change a CHECK: build the new table, copy, drop the old one, rename.
+_V6 = Migration(
+    6,
+    "tasks may be SKIPPED (a branch not taken)",
+    (
+        sqlite("tasks_skipped"),
+        "INSERT INTO tasks_v6 SELECT * FROM tasks",
+        "DROP TABLE tasks",
+        "ALTER TABLE tasks_v6 RENAME TO tasks",
+    ),
+    rebuilds=True,
+)
+
+# Schedules (`segue schedule`, docs/schedules.md): one row per schedule, fenced by its
+# last slot (Store.fire_slot).
+_V7 = Migration(
+    7,
+    "schedules",
+    (sqlite("schedules"),),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7)
 LATEST = MIGRATIONS[-1].version
 
 
@@ -145,8 +170,14 @@ def migrate(
     migration rolls back every step of this call, leaving the old version.
     """
     found = schema_version(conn)
-    if not pending(migrations, found, label):
+    todo = pending(migrations, found, label)
+    if not todo:
         return found  # fast path: no write lock for an up-to-date database
+    # The pragma is a no-op inside a transaction, so it is set (and restored) around it.
+    keys_on = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
+    rebuild = keys_on and any(m.rebuilds for m in todo)
+    if rebuild:
+        conn.execute("PRAGMA foreign_keys = OFF")
     # IMMEDIATE takes the write lock before reading the version, so a second
     # process racing to migrate waits here and then sees the new version.
     conn.execute("BEGIN IMMEDIATE")
@@ -156,11 +187,17 @@ def migrate(
                 conn.execute(stmt)
             # PRAGMA takes no bound parameters; m.version is an int from this module.
             conn.execute(f"PRAGMA user_version = {int(m.version)}")
+        if rebuild and conn.execute("PRAGMA foreign_key_check").fetchone() is not None:
+            raise StoreError(f"metadata store {label}: a migration left rows whose references "
+                             "dangle; nothing was changed (report this as a bug)")
         conn.execute("COMMIT")
     except BaseException:
         if conn.in_transaction:
             conn.execute("ROLLBACK")
         raise
+    finally:
+        if rebuild:
+            conn.execute("PRAGMA foreign_keys = ON")
     return schema_version(conn)
 
 

@@ -36,12 +36,13 @@ psycopg is imported only when a store is built. Values are bound parameters
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from .._canon import canonical_json
@@ -66,13 +67,25 @@ from .base import (
 from .busy import BUSY_TIMEOUT_ENV, busy_timeout_s
 from .postgres_extras import PostgresPoolMixin, start_attempt_in
 from .postgres_hosts import PostgresHostsMixin
-from .postgres_hot import HEARTBEAT, RENEW_CONTROLLER, TRANSITION_RUN
+from .postgres_hot import (
+    APPEND_EVENT,
+    APPEND_RUN_EVENT,
+    CREATE_RUN,
+    HEARTBEAT,
+    RENEW_CONTROLLER,
+    REPORT_PROGRESS,
+    SET_ATTEMPT_PID,
+    TRANSITION_RUN,
+)
+from .postgres_schedules import PostgresSchedulesMixin
 from .postgres_schema import (
     Tx,
     apply_run,
     apply_task_move,
     fence,
     insert_event,
+    insert_run,
+    insert_tasks,
     lock_run,
     migrate,
     run_row,
@@ -81,7 +94,15 @@ from .postgres_schema import (
     value,
 )
 from .postgres_step_metrics import PostgresStepMetricsMixin
-from .records import checkpoint_record, event_record, run_record, task_record
+from .records import (
+    checkpoint_record,
+    event_of,
+    event_record,
+    event_values,
+    run_record,
+    task_record,
+    task_values,
+)
 
 if TYPE_CHECKING:
     import psycopg
@@ -106,8 +127,36 @@ _READ = ""  # no transaction: each statement is one snapshot (autocommit)
 _WRITE = "BEGIN ISOLATION LEVEL READ COMMITTED"
 
 
+# A task's moves, decided (transitions) and rendered (postgres_hot) once per distinct call:
+# a controller makes the same few calls again and again, and the decision and the
+# rendering cost more client time than sending the statement. Pure functions of their
+# arguments (typed: 1, 1.0 and True are different keys); an error is raised, never kept.
+@functools.lru_cache(maxsize=256, typed=True)
+def _planned_task_move(run_id: str, step: str, to: TaskState, actor: str, reason: str,
+                       only_from: frozenset[TaskState] | None, count_failure: bool,
+                       error: str | None, next_attempt_at: float | None,
+                       reset_failures: bool) -> tuple[rules.Move, str, dict[str, Any]]:
+    move = rules.task_move(run_id, step, to, actor=actor, reason=reason, only_from=only_from,
+                           count_failure=count_failure, error=error,
+                           next_attempt_at=next_attempt_at, reset_failures=reset_failures)
+    return (move, *hot.render_move(move))
+
+
+@functools.lru_cache(maxsize=256, typed=True)
+def _planned_start_move(step: str, ttl_s: float, actor: str) -> tuple[rules.Move, str, dict[str, Any]]:
+    move = rules.start_move(step, ttl_s=ttl_s, actor=actor)
+    return (move, *hot.render_move(move))
+
+
+_COLUMNS: dict[str, tuple[str, ...]] = {}  # the column names of a one-statement write's answer
+
+
 class _Committed(Exception):
     """A one-statement write committed, but its answer was lost with the connection."""
+
+    def __init__(self, token: uuid.UUID) -> None:
+        super().__init__(str(token))
+        self.token = token  # its commit marker's
 
 
 def is_postgres_url(s: object) -> bool:
@@ -143,7 +192,8 @@ class _Transient(Exception):
     """A try that surely did not commit and may be run again (the cause is chained)."""
 
 
-class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMixin, Store):
+class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMixin,
+                    PostgresSchedulesMixin, Store):
     """A :class:`Store` in a PostgreSQL database. Picklable: it travels as its URL.
     The scheduling extras (stats, requests, placed starts) come from
     :class:`~segue.store.postgres_extras.PostgresPoolMixin`.
@@ -312,25 +362,28 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             return cast(Any, row)
         self._drop_dead_connections()
         if self._committed(token, lost):
-            raise _Committed()
+            raise _Committed(token)
         return None
 
-    def _move_one(self, move: rules.Move, run_id: str, step: str,
-                  epoch: int | None = None) -> TaskRecord | None:
-        """A task's move in one statement (:func:`.postgres_hot.task_move`): its record,
-        or None where the statement wrote nothing and the locked path must judge."""
-        sql, params = hot.task_move(move, run_id=run_id, step=step, epoch=epoch)
+    def _move_one(self, move: rules.Move, run_id: str, step: str, epoch: int | None = None,
+                  rendered: tuple[str, dict[str, Any]] | None = None) -> TaskRecord | None:
+        """A task's move in one statement (:func:`.postgres_hot.task_move`; ``rendered``:
+        its statement, :func:`.postgres_hot.render_move`): its record, or None where the
+        statement wrote nothing and the locked path must judge."""
+        sql, values = rendered or hot.render_move(move)
         try:
-            row = self._write_one(sql, params)
+            row = self._write_one(sql, hot.move_params(move, values, run_id=run_id, step=step,
+                                                       epoch=epoch))
         except _Committed:
             return self.get_task(run_id, step)  # it moved; the answer was lost on the way
         return None if row is None else task_record(row)
 
-    def _move(self, move: rules.Move, run_id: str, step: str, epoch: int | None) -> TaskRecord:
+    def _move(self, move: rules.Move, run_id: str, step: str, epoch: int | None,
+              rendered: tuple[str, dict[str, Any]] | None = None) -> TaskRecord:
         """A task's move: one statement where it may be made; otherwise the locked path
         (run then task row locked, fenced when ``epoch`` is given) judges it, and refuses
         as ever."""
-        moved = self._move_one(move, run_id, step, epoch)
+        moved = self._move_one(move, run_id, step, epoch, rendered)
         if moved is not None:
             return moved
 
@@ -398,8 +451,25 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
             pool.putconn(conn)
 
     def _execute_one(self, conn: Conn, sql: str, params: dict[str, Any]) -> Any:
-        """Send one statement and read its row (tests replace it to lose the answer)."""
-        return conn.execute(sql, params).fetchone()  # type: ignore[arg-type]
+        """Send one statement and read its row (tests replace it to lose the answer).
+        Each pooled connection keeps one cursor for these (building a cursor costs a
+        third of what a statement costs this process), which reads rows as tuples (a
+        statement's column names are read once, not decoded from every answer) in binary
+        (no float is printed by the server and parsed here)."""
+        cur = conn.__dict__.get("_segue_cursor")
+        if cur is None:
+            from psycopg.rows import tuple_row
+
+            cur = conn.__dict__["_segue_cursor"] = conn.cursor(row_factory=tuple_row, binary=True)
+        row = cur.execute(sql, params).fetchone()  # type: ignore[arg-type]
+        if row is None:
+            return None
+        names = _COLUMNS.get(sql)
+        if names is None or len(names) != len(row):
+            if len(_COLUMNS) >= 1024:
+                _COLUMNS.clear()
+            names = _COLUMNS[sql] = tuple(c.name for c in cur.description or ())
+        return dict(zip(names, row, strict=True))
 
     def _finish(self, conn: Conn, finish: str) -> None:
         """Send COMMIT or ROLLBACK (tests replace it to lose the answer to a COMMIT)."""
@@ -480,26 +550,21 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         dup = sorted({s for s in steps if steps.count(s) > 1})
         if dup:
             raise ValueError(f"run {run.run_id!r}: step names must be unique; repeated: {dup}")
+        try:  # one statement (:mod:`.postgres_hot`); a taken id goes to the locked path
+            row = self._write_one(CREATE_RUN, {
+                "run_id": run.run_id, "flow_name": run.flow_name, "flow_path": run.flow_path,
+                "params": canonical_json(run.params), "fingerprint": canonical_json(run.fingerprint),
+                "options": canonical_json(run.options), "steps": steps, "actor": str(actor),
+                "data": canonical_json({"steps": steps})})
+        except _Committed:
+            return self.get_run(run.run_id)  # created (its marker says so); the answer was lost
+        if row is not None:
+            return run_record(cast(Any, row))
 
         def body(tx: Tx) -> RunRecord:
-            t = tx.now()
-            row = tx.one(
-                "INSERT INTO runs (run_id, flow_name, flow_path, params, fingerprint, options,"
-                " state, created_at, updated_at) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)"
-                " ON CONFLICT (run_id) DO NOTHING RETURNING *",
-                (run.run_id, run.flow_name, run.flow_path, canonical_json(run.params),
-                 canonical_json(run.fingerprint), canonical_json(run.options),
-                 RunState.PENDING.value, t, t))
+            row = insert_run(tx, run, steps, actor=actor, reason="run created", data={"steps": steps})
             if row is None:
                 raise RunExistsError(run.run_id)
-            with tx.conn.cursor() as cur:
-                cur.executemany(
-                    "INSERT INTO tasks (run_id, step, ord, state, updated_at)"
-                    " VALUES (%s, %s, %s, %s, %s)",
-                    [(run.run_id, s, i, TaskState.PENDING.value, t) for i, s in enumerate(steps)])
-            # The new row is invisible to others until COMMIT: it is as good as locked.
-            insert_event(tx, run.run_id, "run", actor=actor, reason="run created", t=t,
-                         to_state=RunState.PENDING, data={"steps": steps})
             return run_record(cast(Any, row))
 
         return self._write(body)
@@ -639,26 +704,95 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
         are judged (fenced when ``epoch`` is given). One statement when the move is
         legal from the task's state (:func:`.postgres_hot.task_move`); otherwise the
         locked path judges it and raises as ever."""
-        move = rules.task_move(run_id, step, to, actor=actor, reason=reason, only_from=only_from,
-                               count_failure=count_failure, error=error,
-                               next_attempt_at=next_attempt_at, reset_failures=reset_failures)
+        only = None if only_from is None else frozenset(TaskState(s) for s in only_from)
+        move, sql, values = _planned_task_move(run_id, step, TaskState(to), actor, reason, only,
+                                               count_failure, error, next_attempt_at, reset_failures)
+        return self._move(move, run_id, step, epoch, (sql, values))
 
-        return self._move(move, run_id, step, epoch)
+    def record_decision(self, run_id: str, step: str, *, controller_epoch: int, actor: str, reason: str,
+                        add: Sequence[str] = (), skip: Sequence[str] = (),
+                        data: Mapping[str, Any] | None = None, epoch: int = 0) -> bool:
+        """Write, READ COMMITTED, under the run's row lock (the controller's epoch is judged
+        under it, and the run's events are appended under it)."""
+        def body(tx: Tx) -> bool:
+            rules.check_controller_epoch(run_id, lock_run(tx, run_id), controller_epoch)
+            if add and tx.one("SELECT 1 AS x FROM tasks WHERE run_id = %s AND step = %s",
+                              (run_id, add[0])) is not None:
+                return False
+            t = tx.now()
+            first = tx.one("SELECT COALESCE(MAX(ord), -1) + 1 AS n FROM tasks WHERE run_id = %s", (run_id,))
+            base = int(cast(Any, first)["n"]) if first is not None else 0
+            if add:
+                insert_tasks(tx, task_values(run_id, add, t, first=base, epoch=epoch))
+            skipped = []
+            for name in skip:
+                row = task_row(tx, run_id, name, lock=True)
+                if row["state"] == TaskState.PENDING.value:
+                    apply_task_move(tx, run_id, name, rules.skip_move(run_id, name, actor=actor, reason=reason),
+                                    row)
+                    skipped.append(name)
+            ev = rules.decision_event(step, actor=actor, reason=reason, add=add, skip=skipped, data=data)
+            insert_event(tx, run_id, **rules.event_args(ev, None, t))
+            return True
+
+        return self._write(body)
+
+    def restart_path(self, run_id: str, step: str, *, reset: Sequence[str], drop: Sequence[str],
+                     actor: str, reason: str) -> None:
+        """Write, READ COMMITTED, under the run's row lock, then each task's."""
+        def body(tx: Tx) -> None:
+            lock_run(tx, run_id)
+            t = tx.now()
+            floors: dict[str, int] = {}
+            for name in drop:
+                row = tx.one("DELETE FROM tasks WHERE run_id = %s AND step = %s RETURNING epoch", (run_id, name))
+                rules.raise_floor(floors, name, 0 if row is None else int(cast(Any, row)["epoch"]))
+            for name in reset:
+                row = task_row(tx, run_id, name, lock=True)
+                got = tx.one("SELECT COALESCE(MAX(seq), 0) AS n FROM checkpoints WHERE run_id = %s AND step = %s",
+                             (run_id, name))
+                insert_event(tx, run_id, "restart-step", step=name, actor=actor, reason=reason, t=t,
+                             data=rules.discarded(int(cast(Any, got)["n"]) if got is not None else 0))
+                tx.one("UPDATE checkpoints SET status = 'pruned' WHERE run_id = %s AND step = %s"
+                       " AND status = 'committed' RETURNING seq", (run_id, name))
+                if row["state"] != TaskState.PENDING.value:
+                    apply_task_move(tx, run_id, name, rules.restart_moves(run_id, name, actor=actor, reason=reason),
+                                    row)
+            insert_event(tx, run_id, "restart-path", step=step, actor=actor, reason=reason, t=t,
+                         data={"reset": list(reset), "dropped": len(drop), "floors": floors})
+
+        self._write(body)
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         """Write, READ COMMITTED: run then task row locked, so two starters get
         distinct epochs and the second is refused by the state it then sees. One
         statement when the task may start (:func:`.postgres_hot.task_move`)."""
-        moved = self._move_one(rules.start_move(step, ttl_s=ttl_s, actor=actor), run_id, step)
+        move, sql, values = _planned_start_move(step, ttl_s, actor)
+        moved = self._move_one(move, run_id, step, rendered=(sql, values))
         if moved is not None:
             return moved
         return self._write(lambda tx: start_attempt_in(tx, run_id, step, ttl_s=ttl_s, actor=actor))
 
     def set_attempt_pid(self, run_id: str, step: str, epoch: int, pid: int, host: str) -> None:
-        """Write, READ COMMITTED, fenced under the task's row lock."""
+        """Write, READ COMMITTED, fenced under the task's row lock. One statement when the
+        attempt still holds the task (:mod:`.postgres_hot`); otherwise the locked path
+        judges it and refuses as ever."""
+        self._fenced_update(SET_ATTEMPT_PID, run_id, step, epoch, {"pid": pid, "host": host},
+                            need_running=True)
+
+    def _fenced_update(self, hot: Any, run_id: str, step: str, epoch: int, changes: dict[str, Any], *,
+                       need_running: bool = False) -> None:
+        """``changes`` to the task its attempt ``epoch`` still holds: one statement (``hot``,
+        :mod:`.postgres_hot`), else the locked path, which judges and refuses as ever."""
+        try:
+            if self._write_one(hot, {"run_id": run_id, "step": step, "epoch": epoch, **changes}) is not None:
+                return
+        except _Committed:
+            return  # recorded; the answer was lost on the way
+
         def body(tx: Tx) -> None:
-            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=True)
-            update_task(tx, run_id, step, {"pid": pid, "host": host, "updated_at": tx.now()})
+            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch, need_running=need_running)
+            update_task(tx, run_id, step, {**changes, "updated_at": tx.now()})
 
         self._write(body)
 
@@ -686,13 +820,10 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
 
     def report_progress(self, run_id: str, step: str, epoch: int, done: float,
                         total: float | None) -> None:
-        """Write, READ COMMITTED, fenced under the task's row lock."""
-        def body(tx: Tx) -> None:
-            fence(run_id, step, task_row(tx, run_id, step, lock=True), epoch)
-            update_task(tx, run_id, step, {"progress_done": done, "progress_total": total,
-                                            "updated_at": tx.now()})
-
-        self._write(body)
+        """Write, READ COMMITTED, fenced under the task's row lock. One statement when the
+        attempt still holds the task (:mod:`.postgres_hot`)."""
+        self._fenced_update(REPORT_PROGRESS, run_id, step, epoch,
+                            {"progress_done": done, "progress_total": total})
 
     def commit_checkpoint(self, run_id: str, step: str, epoch: int, *, seq: int, path: str,
                           position: Any, nbytes: int,
@@ -768,7 +899,25 @@ class PostgresStore(PostgresPoolMixin, PostgresHostsMixin, PostgresStepMetricsMi
     # -- events ----------------------------------------------------------------
     def append_event(self, run_id: str, kind: str, *, actor: str, reason: str,
                      step: str | None = None, data: dict[str, Any] | None = None) -> Event:
-        """Write, READ COMMITTED, under the run's row lock (which orders the run's event ids)."""
+        """Write, READ COMMITTED, under the run's row lock (which orders the run's event ids).
+        One statement when the run (and the step) exist (:mod:`.postgres_hot`)."""
+        values = event_values(run_id, kind, step=step, actor=actor, reason=reason, t=0.0, data=data)
+        try:
+            row = self._write_one(APPEND_RUN_EVENT if step is None else APPEND_EVENT, {
+                "run_id": run_id, "step": step, "actor": values[3], "kind": kind,
+                "reason": reason, "data": values[8]})
+        except _Committed as c:
+            token = c.token  # written; the answer was lost: find the event its transaction wrote
+            row = self._read(lambda tx: tx.one(
+                "SELECT e.id, e.time FROM events e, commit_markers m WHERE m.token = %s"
+                " AND e.run_id = %s AND e.xid::text::bigint %% 4294967296 = m.xmin::text::bigint"
+                " ORDER BY e.id DESC LIMIT 1", (token, run_id)))
+            if row is None:
+                raise StoreError(f"metadata store {_label(self.url)}: an event of run {run_id!r} "
+                                 "was committed but cannot be found again") from c
+        if row is not None:
+            return event_of(row["id"], (*values[:2], row["time"], *values[3:]))
+
         def body(tx: Tx) -> Event:
             lock_run(tx, run_id)
             if step is not None:

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Unpack, cast
 
 from .._faults import fault_point
 from ..errors import StoreError, UnknownRunError
-from .base import Event, TaskRecord
+from ..states import RunState
+from . import records
+from .base import Event, NewRun, TaskRecord
 from .migrations import Migration, pending
 from .records import EVENT_COLUMNS, EventFields, event_of, event_values, task_record
 from .tables import postgres
@@ -229,7 +231,25 @@ _V6 = Migration(
     ),
 )
 
-MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6)
+# The task state SKIPPED, as in SQLite's version 6 (there a table rebuild).
+_V7 = Migration(
+    7,
+    "tasks may be SKIPPED (a branch not taken)",
+    (
+        "ALTER TABLE tasks DROP CONSTRAINT tasks_state_check",
+        "ALTER TABLE tasks ADD CONSTRAINT tasks_state_check CHECK (state IN ('PENDING','RUNNING',"
+        "'RETRYING','PARKED','SUCCEEDED','FAILED','CANCELLED','SKIPPED'))",
+    ),
+)
+
+# Schedules, as in SQLite's version 7 (migrations.py).
+_V8 = Migration(
+    8,
+    "schedules",
+    (postgres("schedules"),),
+)
+
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4, _V5, _V6, _V7, _V8)
 LATEST = MIGRATIONS[-1].version
 
 _VERSION_TABLE = """
@@ -405,3 +425,25 @@ def apply_run(tx: Tx, run_id: str, row: Row, changes: Mapping[str, Any],
     if event is not None:
         insert_event(tx, run_id, **event_args(event, row, t))
     return cast(Row, new)
+
+
+def insert_tasks(tx: Tx, rows: list[tuple[Any, ...]]) -> None:
+    with tx.conn.cursor() as cur:
+        cur.executemany(f"INSERT INTO tasks ({records.TASK_INSERT}) VALUES ({', '.join(['%s'] * 6)})", rows)
+
+
+def insert_run(tx: Tx, run: NewRun, steps: Sequence[str], *, actor: str, reason: str,
+               data: Mapping[str, Any]) -> Row | None:
+    """A new run's row, its PENDING tasks and its creation event, at the database's clock
+    (``create_run``'s locked path, a schedule's ``fire_slot``); None, writing nothing,
+    when a run of that id exists. The new row is invisible to others until COMMIT: it
+    is as good as locked."""
+    t = tx.now()
+    row = tx.one(f"INSERT INTO runs ({records.RUN_INSERT}) VALUES ({', '.join(['%s'] * 9)})"
+                 " ON CONFLICT (run_id) DO NOTHING RETURNING *", records.run_values(run, t))
+    if row is None:
+        return None
+    insert_tasks(tx, records.task_values(run.run_id, steps, t))
+    insert_event(tx, run.run_id, "run", actor=actor, reason=reason, t=t, to_state=RunState.PENDING,
+                 data=dict(data))
+    return row

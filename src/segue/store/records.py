@@ -6,11 +6,12 @@ A row is anything indexed by column name (``sqlite3.Row``, psycopg's dict rows).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any, Required, TypedDict, Unpack
 
 from .._canon import canonical_json
 from ..states import RunState, TaskState
-from .base import CheckpointRecord, Event, RunRecord, TaskRecord
+from .base import CheckpointRecord, Event, NewRun, RunRecord, TaskRecord
 
 # The columns of an event row, in the order of :func:`event_values`.
 EVENT_COLUMNS = "run_id, step, time, actor, kind, from_state, to_state, reason, data"
@@ -34,6 +35,23 @@ def event_values(run_id: str, kind: str, **f: Unpack[EventFields]) -> tuple[Any,
     return (run_id, f.get("step"), f["t"], str(f["actor"]), kind,
             None if frm is None else str(frm), None if to is None else str(to), f["reason"],
             canonical_json(dict(f.get("data") or {})))
+
+
+# A new run's row and its tasks' (``create_run``, ``fire_slot``, ``record_decision``).
+RUN_INSERT = "run_id, flow_name, flow_path, params, fingerprint, options, state, created_at, updated_at"
+TASK_INSERT = "run_id, step, ord, state, epoch, updated_at"
+
+
+def run_values(run: NewRun, t: float) -> tuple[Any, ...]:
+    """A new run's row (:data:`RUN_INSERT`): PENDING, created at ``t``."""
+    return (run.run_id, run.flow_name, run.flow_path, canonical_json(run.params),
+            canonical_json(run.fingerprint), canonical_json(run.options), RunState.PENDING.value, t, t)
+
+
+def task_values(run_id: str, steps: Sequence[str], t: float, *, first: int = 0,
+                epoch: int = 0) -> list[tuple[Any, ...]]:
+    """New PENDING tasks' rows (:data:`TASK_INSERT`), ordered from ``first``, at ``epoch``."""
+    return [(run_id, s, first + i, TaskState.PENDING.value, epoch, t) for i, s in enumerate(steps)]
 
 
 def event_of(event_id: int, values: tuple[Any, ...]) -> Event:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +25,7 @@ from .base import CheckpointRecord, Event, Heartbeat, NewRun, RunRecord, Store, 
 from .busy import busy_error, is_busy
 from .busy import busy_timeout_s as busy_timeout_s_env
 from .migrations import connect
-from .records import checkpoint_record, event_record, run_record, task_record
+from .records import checkpoint_record, event_record, run_record, task_record, task_values
 from .sqlite_hosts import SQLiteHostsMixin
 from .sqlite_pool import SQLitePoolMixin
 from .sqlite_rows import (
@@ -36,8 +36,11 @@ from .sqlite_rows import (
     _update_task,
     apply_run,
     apply_task_move,
+    insert_run,
+    insert_tasks,
     start_attempt_in,
 )
+from .sqlite_schedules import SQLiteSchedulesMixin
 from .sqlite_step_metrics import SQLiteStepMetricsMixin
 
 if TYPE_CHECKING:
@@ -45,7 +48,7 @@ if TYPE_CHECKING:
 
 
 class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLiteStepMetricsMixin,
-                  Store):
+                  SQLiteSchedulesMixin, Store):
     """A :class:`Store` in one SQLite file. Picklable: it travels as its path."""
 
     def __init__(self, path: str | Path, *, clock: Clock = now,
@@ -156,25 +159,8 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
             raise ValueError(f"run {run.run_id!r}: step names must be unique; repeated: {dup}")
         t = self._clock()
         with self._write() as conn:
-            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run.run_id,)).fetchone():
+            if not insert_run(conn, run, steps, t, actor=actor, reason="run created", data={"steps": steps}):
                 raise RunExistsError(run.run_id)
-            conn.execute(
-                "INSERT INTO runs (run_id, flow_name, flow_path, params, fingerprint, options,"
-                " state, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run.run_id, run.flow_name, run.flow_path, canonical_json(run.params),
-                    canonical_json(run.fingerprint), canonical_json(run.options),
-                    RunState.PENDING.value, t, t,
-                ),
-            )
-            conn.executemany(
-                "INSERT INTO tasks (run_id, step, ord, state, updated_at) VALUES (?, ?, ?, ?, ?)",
-                [(run.run_id, s, i, TaskState.PENDING.value, t) for i, s in enumerate(steps)],
-            )
-            _insert_event(
-                conn, run.run_id, "run", actor=actor, reason="run created", t=t,
-                to_state=RunState.PENDING, data={"steps": steps},
-            )
             return run_record(_fetch_run(conn, run.run_id))
 
     def get_run(self, run_id: str) -> RunRecord:
@@ -294,6 +280,53 @@ class SQLiteStore(PerThreadConnection, SQLitePoolMixin, SQLiteHostsMixin, SQLite
             if epoch is not None:
                 rules.check_epoch(run_id, step, row, epoch)
             return apply_task_move(conn, run_id, step, move, row, self._clock())
+
+    def record_decision(self, run_id: str, step: str, *, controller_epoch: int, actor: str, reason: str,
+                        add: Sequence[str] = (), skip: Sequence[str] = (),
+                        data: Mapping[str, Any] | None = None, epoch: int = 0) -> bool:
+        with self._write() as conn:
+            rules.check_controller_epoch(run_id, _fetch_run(conn, run_id), controller_epoch)
+            if add and conn.execute("SELECT 1 FROM tasks WHERE run_id = ? AND step = ?",
+                                    (run_id, add[0])).fetchone():
+                return False
+            t = self._clock()
+            first = conn.execute("SELECT COALESCE(MAX(ord), -1) + 1 FROM tasks WHERE run_id = ?",
+                                 (run_id,)).fetchone()[0]
+            insert_tasks(conn, task_values(run_id, add, t, first=first, epoch=epoch))
+            skipped = []
+            for name in skip:
+                row = _fetch_task(conn, run_id, name)
+                if row["state"] == TaskState.PENDING.value:
+                    apply_task_move(conn, run_id, name, rules.skip_move(run_id, name, actor=actor, reason=reason),
+                                    row, t)
+                    skipped.append(name)
+            ev = rules.decision_event(step, actor=actor, reason=reason, add=add, skip=skipped, data=data)
+            _insert_event(conn, run_id, **rules.event_args(ev, None, t))
+            return True
+
+    def restart_path(self, run_id: str, step: str, *, reset: Sequence[str], drop: Sequence[str],
+                     actor: str, reason: str) -> None:
+        with self._write() as conn:
+            _fetch_run(conn, run_id)
+            t = self._clock()
+            floors: dict[str, int] = {}
+            for name in drop:
+                row = conn.execute("DELETE FROM tasks WHERE run_id = ? AND step = ? RETURNING epoch",
+                                   (run_id, name)).fetchone()
+                rules.raise_floor(floors, name, 0 if row is None else row[0])
+            for name in reset:
+                row = _fetch_task(conn, run_id, name)
+                floor = conn.execute("SELECT COALESCE(MAX(seq), 0) FROM checkpoints WHERE run_id = ? AND step = ?",
+                                     (run_id, name)).fetchone()[0]
+                _insert_event(conn, run_id, "restart-step", step=name, actor=actor, reason=reason, t=t,
+                              data=rules.discarded(floor))
+                conn.execute("UPDATE checkpoints SET status = 'pruned' WHERE run_id = ? AND step = ?"
+                             " AND status = 'committed'", (run_id, name))
+                if row["state"] != TaskState.PENDING.value:
+                    apply_task_move(conn, run_id, name, rules.restart_moves(run_id, name, actor=actor,
+                                                                            reason=reason), row, t)
+            _insert_event(conn, run_id, "restart-path", step=step, actor=actor, reason=reason, t=t,
+                          data={"reset": list(reset), "dropped": len(drop), "floors": floors})
 
     def start_attempt(self, run_id: str, step: str, *, ttl_s: float, actor: str) -> TaskRecord:
         with self._write() as conn:

@@ -14,11 +14,13 @@ import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Unpack
 
 from ..errors import StoreError, UnknownRunError
-from .base import Event, TaskRecord, now
+from ..states import RunState
+from . import records
+from .base import Event, NewRun, TaskRecord, now
 from .records import EVENT_COLUMNS, EventFields, event_of, event_values, task_record
 from .transitions import (
     RUN_COLUMNS,
@@ -169,3 +171,21 @@ def start_attempt_in(
     t = now() if t is None else t  # the store's clock, so leases follow virtual time in tests
     return apply_task_move(conn, run_id, step, start_move(step, ttl_s=ttl_s, actor=actor, data=data),
                            row, t)
+
+
+def insert_tasks(conn: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
+    conn.executemany(f"INSERT INTO tasks ({records.TASK_INSERT}) VALUES (?, ?, ?, ?, ?, ?)", rows)
+
+
+def insert_run(conn: sqlite3.Connection, run: NewRun, steps: Sequence[str], t: float, *, actor: str,
+               reason: str, data: Mapping[str, Any]) -> bool:
+    """A new run's row, its PENDING tasks and its creation event (``create_run``, a
+    schedule's ``fire_slot``); False, writing nothing, when a run of that id exists."""
+    if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run.run_id,)).fetchone():
+        return False
+    conn.execute(f"INSERT INTO runs ({records.RUN_INSERT}) VALUES ({', '.join('?' * 9)})",
+                 records.run_values(run, t))
+    insert_tasks(conn, records.task_values(run.run_id, steps, t))
+    _insert_event(conn, run.run_id, "run", actor=actor, reason=reason, t=t, to_state=RunState.PENDING,
+                  data=dict(data))
+    return True

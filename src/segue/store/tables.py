@@ -12,9 +12,9 @@ pins their digests); a changed table is a new migration, never an edit here.
 
 from __future__ import annotations
 
-_SQLITE = {"T": "TEXT", "R": "REAL", "I": "INTEGER", "B": "INTEGER", "RUNS_ORD": "",
+_SQLITE = {"T": "TEXT", "R": "REAL", "I": "INTEGER", "B": "INTEGER", "RUNS_ORD": "", "NAME": "tasks_v6",
            "EVENT_ID": "INTEGER PRIMARY KEY AUTOINCREMENT"}
-_POSTGRES = {"T": "text", "R": "double precision", "I": "integer", "B": "bigint",
+_POSTGRES = {"T": "text", "R": "double precision", "I": "integer", "B": "bigint", "NAME": "tasks",
              # The creation order of runs, a tiebreak where created_at is equal (SQLite has rowid).
              "RUNS_ORD": "\n            ord bigint GENERATED ALWAYS AS IDENTITY,",
              # CACHE 1: nextval is monotone across sessions (see postgres.py, "events").
@@ -209,6 +209,35 @@ _STEP_METRICS_LATEST = """
         )
         """
 
+# Version 6 (SQLite) / 7 (PostgreSQL): a task may be SKIPPED (a branch not taken, or
+# a step whose every upstream was skipped). SQLite cannot alter a CHECK, so its
+# migration rebuilds the table under this name and renames it (migrations.py).
+_TASKS_SKIPPED = _TASKS.replace("CREATE TABLE tasks (", "CREATE TABLE {NAME} (").replace(
+    "'FAILED','CANCELLED'))", "'FAILED','CANCELLED','SKIPPED'))")
+
+# Version 7 (SQLite) / 8 (PostgreSQL): schedules (`segue schedule`, docs/schedules.md).
+# last_slot is the newest slot fired or skipped (the fence of Store.fire_slot),
+# last_run the run of the newest slot fired.
+_SCHEDULES = """
+        CREATE TABLE schedules (
+            name {T} PRIMARY KEY,
+            flow_path {T} NOT NULL,
+            params {T} NOT NULL,
+            options {T} NOT NULL,
+            cron {T} NOT NULL,
+            tz {T} NOT NULL,
+            catch_up {T} NOT NULL CHECK (catch_up IN ('none','latest','all')),
+            overlap {T} NOT NULL CHECK (overlap IN ('skip','queue','cancel')),
+            paused {I} NOT NULL DEFAULT 0,
+            created_at {R} NOT NULL,
+            created_by {T} NOT NULL,
+            updated_at {R} NOT NULL,
+            last_slot {R},
+            last_run {T},
+            last_error {T}
+        )
+        """
+
 TABLES = {
     "runs": _RUNS,
     "tasks": _TASKS,
@@ -222,4 +251,6 @@ TABLES = {
     "notify_outbox": _NOTIFY_OUTBOX,
     "step_metrics": _STEP_METRICS,
     "step_metrics_latest": _STEP_METRICS_LATEST,
+    "tasks_skipped": _TASKS_SKIPPED,
+    "schedules": _SCHEDULES,
 }

@@ -20,13 +20,14 @@ backend's (the database's on PostgreSQL).
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._canon import canonical_json
 from ..errors import ControllerConflictError, FencedError, IllegalTransitionError, StoreError
 from ..states import (
+    RESTART_FROM,
     RUN_TRANSITIONS,
     TASK_TRANSITIONS,
     Actor,
@@ -159,10 +160,15 @@ class Move:
     changes: Mapping[str, Any]
     event: EventDraft
     only_from: frozenset[str] | None = None
+    restart: bool = False  # the operator's restart of a path: states.RESTART_FROM, not the table
 
     def check(self, cur: str) -> None:
         """IllegalTransitionError unless the move may start from ``cur``."""
-        if self.what == "a task":
+        if self.restart:
+            if cur not in self.sources:
+                raise IllegalTransitionError(self.what, cur, self.to, "a restarted path leaves only "
+                                             + ", ".join(sorted(self.sources)))
+        elif self.what == "a task":
             check_task(TaskState(cur), TaskState(self.to))
         else:
             check_run(RunState(cur), RunState(self.to))
@@ -399,3 +405,44 @@ def check_checkpoint_status(status: str) -> None:
     if status not in CHECKPOINT_STATUSES:
         raise ValueError(
             f"checkpoint status must be one of {sorted(CHECKPOINT_STATUSES)}, not {status!r}")
+
+
+# -- decisions of the run's path ----------------------------------------------------------------
+def skip_move(run_id: str, step: str, *, actor: str, reason: str) -> Move:
+    """A PENDING task that a decision leaves out (``record_decision``)."""
+    return task_move(run_id, step, TaskState.SKIPPED, actor=actor, reason=reason,
+                     only_from=(TaskState.PENDING,))
+
+
+def decision_event(step: str, *, actor: str, reason: str, add: Sequence[str], skip: Sequence[str],
+                   data: Mapping[str, Any] | None) -> EventDraft:
+    """The ``decision`` event: what was decided, with the tasks it created (their count,
+    and the names only when few) and those it skipped."""
+    info: dict[str, Any] = {**dict(data or {}), "added": len(add), "skipped": list(skip)}
+    if len(add) <= 16:
+        info["tasks"] = list(add)
+    return EventDraft("decision", str(actor), reason, step, None, None, info)
+
+
+def restart_moves(run_id: str, name: str, *, actor: str, reason: str) -> Move:
+    """A task of a path started over: back to PENDING from wherever it is (states.RESTART_FROM).
+    RUNNING too: the resume that asks runs only once no controller lives, and an attempt left
+    RUNNING died with it (its epoch is fenced by the next attempt's)."""
+    to = TaskState.PENDING.value
+    changes: dict[str, Any] = {"state": to, "failures": 0, "error": None, "next_attempt_at": None,
+                               "finished_at": None, "updated_at": Now(),
+                               **{c: IfFrom(_FROM_RUNNING, v) for c, v in NO_ATTEMPT.items()}}
+    return Move("a task", to, frozenset(s.value for s in RESTART_FROM), changes,
+                EventDraft("task", str(actor), reason, name, Old("state"), to, {"epoch": Old("epoch")}),
+                restart=True)
+
+
+def discarded(floor: int) -> dict[str, Any]:
+    """The ``restart-step`` event's data: restores ignore checkpoints at or below ``floor``."""
+    return {"discarded_through_seq": int(floor)}
+
+
+def raise_floor(floors: dict[str, int], task: str, epoch: int) -> None:
+    """``floors[group]``: the highest epoch of the dropped tasks of a group (``NAME.K``)."""
+    group = task.partition(".")[0]
+    floors[group] = max(floors.get(group, 0), int(epoch))

@@ -27,6 +27,7 @@ import numpy as np
 from .. import checkpoint as ckpt
 from .._canon import canonical_json
 from ..home import Home
+from ..run.stepio import GATHER
 
 SKIP_DIRS = {".segue", "__pycache__"}
 RECORD_SUFFIXES = {".jsonl", ".ndjson", ".csv", ".parquet"}
@@ -129,7 +130,8 @@ def snapshot(workdir: Path, home: Home, run_id: str) -> Snapshot:
     storage = home.run_storage(store.get_run(run_id))
     snap = Snapshot()
     for t in store.get_tasks(run_id):
-        if t.output_ref is not None:
+        # A fan-out's own output is its items' (each compared as its own task).
+        if t.output_ref is not None and not t.output_ref.startswith(GATHER):
             value = ckpt.load(storage, t.output_ref).state["value"]
             snap.outputs[t.step] = _norm(value, str(workdir.resolve()), run_id)
             if sinks := reported_sinks(value):

@@ -7,7 +7,8 @@ the queue ``stream`` (with ``prefetch``).
 ``hold=PATH`` with ``hold_k=K``: the message with key K waits until PATH exists,
 saying so with ``PATH.held-EPOCH``, so every planned fault lands before the run
 can finish (tests/campaign_kit.py). ``sleep_ms`` slows each record a little so
-a pause lands before the hold.
+a pause lands before the hold; ``sleep_us`` does it in microseconds (a long campaign
+spreads its messages over its kills).
 """
 
 import os
@@ -27,6 +28,7 @@ flow = Flow(
         "out": "",
         "sink": "jsonl",
         "sleep_ms": 0,
+        "sleep_us": 0,
         "hold": "",
         "hold_k": -1,
         "prefetch": 200,
@@ -45,6 +47,8 @@ def consume(ctx):
                 time.sleep(0.01)
         if p["sleep_ms"]:
             time.sleep(p["sleep_ms"] / 1000)
+        if p["sleep_us"]:
+            time.sleep(p["sleep_us"] / 1e6)
         return {"k": r["k"], "v": r["v"].upper()}
 
     # Every message is in the stream before the run starts: one empty read means drained.

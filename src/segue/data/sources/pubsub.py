@@ -53,7 +53,7 @@ from .._pubsub import (
     where,
 )
 from .base import BadRecord, Batch, Position
-from .queue import QueueSource, decode_json, poison
+from .queue import QueueSource, decode_json, poison, span
 
 log = logging.getLogger(__name__)
 ACK_CHUNK = 1000  # ack ids per request: well under Pub/Sub's 512 KB request limit
@@ -117,6 +117,7 @@ class PubSubSource(QueueSource):
             max_messages=max_messages,
             max_deliveries=max_deliveries,
             clock=clock,
+            wall=wall,
         )
         self.subscription, self.project = subscription, project
         self.emulator_host, self.max_outstanding = emulator_host, int(max_outstanding)
@@ -247,12 +248,12 @@ class PubSubSource(QueueSource):
         self._warned = True
         stopped = self.wall() - float(at)
         if stopped > info.retention_s:
-            log.warning(
-                "subscription %s retains unacknowledged messages for %s, and this step last "
-                "read from it %s ago: messages published before %s may have been dropped by "
-                "Pub/Sub unprocessed",
-                self._path, _span(info.retention_s), _span(stopped),
-                time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.wall() - info.retention_s)),
+            before = time.gmtime(self.wall() - info.retention_s)
+            self.warn(
+                f"subscription {self._path} retains unacknowledged messages for "
+                f"{span(info.retention_s)}, and this step last read from it {span(stopped)} ago: "
+                f"messages published before {time.strftime('%Y-%m-%d %H:%M:%SZ', before)} may "
+                f"have been dropped by Pub/Sub unprocessed"
             )
 
     # -- reading -----------------------------------------------------------------
@@ -374,6 +375,20 @@ class PubSubSource(QueueSource):
     def describe(self) -> str:
         return f"pubsub subscription {self.input_name!r} at {where(self.emulator_host)}"
 
+    def lag(self) -> dict[str, Any]:
+        """What this attempt holds (no call: Pub/Sub reports undelivered counts and the
+        oldest unacked age only through Cloud Monitoring, which the emulator lacks)."""
+        info = self._info
+        return {
+            "pending": self._outstanding(),
+            "keeps_s": None if info is None else info.retention_s,
+            "keeps": None if info is None else (
+                f"unacknowledged messages for {span(info.retention_s)} (the subscription's "
+                f"message_retention_duration)"),
+            "note": "undelivered and oldest age: not available (Cloud Monitoring's "
+                    "num_undelivered_messages and oldest_unacked_message_age)",
+        }
+
 
 class _Lease(threading.Thread):
     """Extends the ack deadline of every pulled, unacked message every third of it."""
@@ -409,12 +424,3 @@ class _Lease(threading.Thread):
                             src._path, len(ack_ids), exc)
 
 
-def _span(seconds: float) -> str:
-    """``seconds`` as the largest sensible unit: 45 s, 12.5 min, 3.2 h, 7.0 days."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.1f} min"
-    if seconds < 2 * 86400:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"

@@ -12,11 +12,28 @@ None the step reads until it is paused or cancelled. :class:`IdLedger` is
 what a broker that acknowledges only by delivery tag keeps in the position
 instead: the message ids read since the last ack and of the last outputs
 published, so a redelivered message already published is dropped.
+
+Two things every queue reports to the step, without the reader ever
+connecting to the broker itself:
+
+* **Lag** (:meth:`QueueSource.lag`): messages delivered and not acknowledged
+  (``pending``), messages not delivered yet (``undelivered``) and the oldest
+  unacknowledged message's age, measured at most every ``lag_every_s``
+  between batches (:meth:`QueueSource.lag_due`). The map step logs the figure
+  as step metrics (``queue_*``, one point each, replaced at every report) and
+  names it in its checkpoints' positions; ``segue status`` shows it.
+* **What the broker keeps** (``keeps_s`` in the lag: stream trimming, a queue's
+  message TTL, a subscription's retention) and, when a restored position is
+  older than that or the broker shows it dropped unread messages, a warning with
+  both figures (:meth:`QueueSource.warn`; the map step records it as a
+  ``warning`` event of the run). A stop never turns into a silent loss.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import time
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +41,9 @@ from typing import Any
 
 from ..errors import PositionError
 from .base import BadRecord, Batch, Position, Shard, Source
+
+log = logging.getLogger("segue.data.sources.queue")
+LAG_EVERY_S = 5.0  # how often a reading step measures its lag (a round trip or two)
 
 
 @dataclass
@@ -65,12 +85,68 @@ class QueueSource(Source):
         max_messages: int | None,
         max_deliveries: int,
         clock: Callable[[], float],
+        wall: Callable[[], float] = time.time,
+        lag_every_s: float = LAG_EVERY_S,
     ) -> None:
         if max_deliveries < 1:
             raise ValueError(f"max_deliveries must be >= 1, not {max_deliveries}")
         self.block_ms, self.drain_idle_s = int(block_ms), drain_idle_s
         self.drain_after_empty_reads, self.max_messages = drain_after_empty_reads, max_messages
         self.max_deliveries, self.clock = int(max_deliveries), clock
+        self.wall, self.lag_every_s = wall, float(lag_every_s)
+        self.last_lag: dict[str, Any] | None = None  # the newest lag figure measured
+        self._lag_next = 0.0  # time.monotonic() of the next measurement
+        self._lag_fresh = False
+        self._warnings: list[str] = []
+
+    # -- lag and retention -------------------------------------------------------
+    def lag(self) -> dict[str, Any]:
+        """The queue's lag now, for this step's group or subscription (a round trip or
+        two to the broker; the subclass's). Keys, each None where the broker does not
+        say: ``pending`` (delivered, not acknowledged), ``undelivered``,
+        ``oldest_age_s`` (the oldest unacknowledged message), ``keeps_s`` (how long the
+        broker keeps a message nobody acknowledged: a TTL, a retention, the age of a
+        trimmed stream's oldest entry), ``keeps`` (that figure in words) and ``note``
+        (what is not available, and why)."""
+        return {}
+
+    def lag_due(self, force: bool = False) -> dict[str, Any] | None:
+        """A new lag figure (with ``at``, the wall time it was measured) when one is due
+        (every ``lag_every_s``, or ``force``), else None. A broker that fails to answer
+        costs nothing here: the read itself will say so."""
+        now = time.monotonic()
+        if not force and now < self._lag_next:
+            return None
+        self._lag_next = now + self.lag_every_s
+        try:
+            figure = {"pending": None, "undelivered": None, "oldest_age_s": None,
+                      "keeps_s": None, **self.lag(), "at": round(self.wall(), 3)}
+        except Exception as exc:  # noqa: BLE001 - a report, never the step's failure
+            log.debug("%s %s: measuring the lag failed: %s", self.kind, self.input_name, exc)
+            return None
+        self.last_lag, self._lag_fresh = figure, True
+        return figure
+
+    def take_lag(self) -> dict[str, Any] | None:
+        """The newest figure if nobody took it yet (the map step logs each one once)."""
+        if not self._lag_fresh:
+            return None
+        self._lag_fresh = False
+        return self.last_lag
+
+    def warn(self, message: str) -> None:
+        """A warning for the run's history (the map step records it as an event)."""
+        logging.getLogger(type(self).__module__).warning("%s", message)
+        self._warnings.append(message)
+
+    def take_warnings(self) -> list[str]:
+        got, self._warnings = self._warnings, []
+        return got
+
+    def stopped_for(self, position: Position | None) -> float | None:
+        """How long ago ``position`` was read (its ``at``), or None where it has none."""
+        at = None if position is None else position.get("at")
+        return None if at is None else max(0.0, self.wall() - float(at))
 
     def drain(self) -> Drain:
         """A fresh drain rule for one read (its idle time starts now)."""
@@ -141,6 +217,17 @@ class Drain:
         if self.after_empty_reads is not None and self.empties >= self.after_empty_reads:
             return True
         return self.idle_s is not None and self.clock() - self.idle_since >= self.idle_s
+
+
+def span(seconds: float) -> str:
+    """``seconds`` as the largest sensible unit: 45 s, 12.5 min, 3.2 h, 7.0 days."""
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
 
 
 def poison(raw: str, what: str, deliveries: int, max_deliveries: int) -> BadRecord:

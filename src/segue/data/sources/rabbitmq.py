@@ -23,6 +23,16 @@ redelivered later is dropped the same way (acked with the next batch, not
 processed). Both are bounded (``prefetch``, ``ledger_size``), so the
 position stays O(1) in the input.
 
+Lag (:meth:`lag`): ``pending`` is this attempt's own count of messages
+delivered and not acked; ``undelivered`` the queue's ready messages (a
+passive declare); the oldest age is that of the oldest message held
+unacknowledged, by its ``timestamp`` property (AMQP shows no age of a message
+still in the queue). What the queue keeps: AMQP cannot read a queue's
+arguments, so ``message_ttl_s`` / ``queue_expires_s`` state its
+``x-message-ttl`` / ``x-expires``, and a per-message ``expiration`` seen on a
+delivery counts too; a restored position older than that is a warning with
+both figures.
+
 A message delivered more than ``max_deliveries`` times (the quorum queue's
 ``x-delivery-count`` header; on a classic queue the redelivered flag counted
 in the position, made durable by a commit before the message is processed),
@@ -45,7 +55,7 @@ from ..._faults import fault_point
 from .._amqp import BrokerUnreachable, check_queue, connect, probe
 from .._urls import redact
 from .base import BadRecord, Batch, Position
-from .queue import IdLedger, QueueSource, decode_json, poison
+from .queue import IdLedger, QueueSource, decode_json, poison, span
 
 # One delivered message: (delivery tag, redelivered flag, properties, body).
 Delivery = tuple[int, bool, Any, bytes]
@@ -81,7 +91,11 @@ class RabbitMQSource(QueueSource):
         max_messages: int | None = None,
         max_deliveries: int = 5,
         ledger_size: int = 10_000,
+        message_ttl_s: float | None = None,
+        queue_expires_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        lag_every_s: float = 5.0,
     ) -> None:
         if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, not {prefetch}")
@@ -97,7 +111,16 @@ class RabbitMQSource(QueueSource):
             max_messages=max_messages,
             max_deliveries=max_deliveries,
             clock=clock,
+            wall=wall,
+            lag_every_s=lag_every_s,
         )
+        for what, v in (("message_ttl_s", message_ttl_s), ("queue_expires_s", queue_expires_s)):
+            if v is not None and v <= 0:
+                raise ValueError(f"{what} must be > 0 seconds, not {v}")
+        self.message_ttl_s, self.queue_expires_s = message_ttl_s, queue_expires_s
+        self._expiration_s: float | None = None  # the shortest per-message expiration seen
+        self._held: deque[tuple[int, float]] = deque()  # (tag, timestamp) held unacked, in order
+        self._stopped_checked = False
         self.url, self.queue_name, self.prefetch = url, queue, int(prefetch)
         self.id_header, self.id_key, self.ledger_size = id_header, id_key, int(ledger_size)
         self.acked = 0  # messages acknowledged by this attempt (after_commit)
@@ -118,7 +141,8 @@ class RabbitMQSource(QueueSource):
         return self.queue_name
 
     def start_position(self) -> Position:
-        return {"records": 0, "chan": "", "tag": 0, "window": [], "ledger": [], "counts": {}}
+        return {"records": 0, "chan": "", "tag": 0, "window": [], "ledger": [], "counts": {},
+                "at": None}
 
     def probe(self) -> None:
         """Refuse an unreachable broker, refused credentials or a missing queue (``segue run``)."""
@@ -165,6 +189,8 @@ class RabbitMQSource(QueueSource):
                 ch.basic_qos(prefetch_count=self._qos)  # a round trip: the ack was handled
             self.acked += tag - self._acked
             self._acked = tag
+            while self._held and self._held[0][0] <= tag:
+                self._held.popleft()
         elif ch is not None and position.get("chan") != self._token and position.get("window"):
             if not self._received:  # restored: its tags died with the channel that read it
                 with self._broker():
@@ -203,6 +229,7 @@ class RabbitMQSource(QueueSource):
             "chan": self._token,
             "tag": self._tag,
             **self._ids.fields(),
+            "at": round(self.wall(), 3),
         }
 
     def _on_message(self, ch: Any, method: Any, props: Any, body: bytes) -> None:
@@ -215,6 +242,7 @@ class RabbitMQSource(QueueSource):
         self._ids.load(position)
         self._ids.restart()
         self._n = int(position.get("records", 0))
+        self._check_stop(position)
         drain = self.drain()
         # Never take more than max_messages leaves: what is delivered and not read goes
         # back to the queue at the end, counted as a delivery.
@@ -284,6 +312,7 @@ class RabbitMQSource(QueueSource):
         nbytes, bad = 0, False
         for (tag, _, props, body), mid in zip(got, ids, strict=True):
             self._tag = tag
+            self._note_times(tag, props)
             if mid is not None and self._ids.seen(mid):
                 self.dropped += 1  # its output is published: acked with this batch
                 continue
@@ -325,3 +354,64 @@ class RabbitMQSource(QueueSource):
 
     def describe(self) -> str:
         return f"rabbitmq queue {self.queue_name!r} at {redact(self.url)}"
+
+    # -- lag and retention -------------------------------------------------------
+    def _note_times(self, tag: int, props: Any) -> None:
+        ts = getattr(props, "timestamp", None)
+        if ts:
+            self._held.append((tag, float(ts)))
+        exp = getattr(props, "expiration", None)
+        if exp:
+            try:
+                secs = int(exp) / 1000
+            except ValueError:
+                return
+            if self._expiration_s is None or secs < self._expiration_s:
+                self._expiration_s = secs
+
+    def _keeps(self) -> dict[str, Any]:
+        stated = [
+            (v, f"{span(v)} ({name})")
+            for v, name in (
+                (self.message_ttl_s, "message_ttl_s: the queue's x-message-ttl"),
+                (self.queue_expires_s, "queue_expires_s: the queue's x-expires"),
+                (self._expiration_s, "a message's expiration property"),
+            )
+            if v is not None
+        ]
+        if not stated:
+            return {"keeps_s": None, "keeps": "messages until they are acked (no TTL stated or seen)"}
+        keeps_s, words = min(stated)
+        return {"keeps_s": float(keeps_s), "keeps": f"unacknowledged messages for {words}"}
+
+    def lag(self) -> dict[str, Any]:
+        ch = self._ch
+        if ch is None:
+            return {}
+        with self._broker():
+            ready = int(ch.queue_declare(self.queue_name, passive=True).method.message_count)
+        return {
+            "pending": max(0, self._received - self._acked),
+            "undelivered": ready,
+            "oldest_age_s": (
+                None if not self._held else max(0.0, self.wall() - self._held[0][1])
+            ),
+            **self._keeps(),
+            "note": "the oldest age is that of the oldest message held unacked (its timestamp "
+                    "property); AMQP shows none for a message still in the queue",
+        }
+
+    def _check_stop(self, position: Position) -> None:
+        """A restored position older than what the queue is stated to keep: say what may be
+        gone (RabbitMQ drops expired messages, or dead-letters them to its DLX)."""
+        stopped = self.stopped_for(position)
+        if self._stopped_checked or stopped is None:
+            return
+        self._stopped_checked = True
+        keeps = self._keeps()
+        if keeps["keeps_s"] is not None and stopped > keeps["keeps_s"]:
+            self.warn(
+                f"queue {self.queue_name!r} keeps {keeps['keeps']}, and this step last read "
+                f"from it {span(stopped)} ago: messages published before it read them may have "
+                f"expired unprocessed (dropped, or moved to the queue's dead-letter exchange)"
+            )

@@ -13,12 +13,27 @@ attempt finds its own pending entries again. An attempt reads in three phases:
 
 The position (in the step's checkpoint) names the messages read since the
 last acknowledgement: the explicit ids of phases 1 and 2, and for phase 3 a
-range ``(after, to]`` of ids (new entries arrive in id order; the range is
-read back from this consumer's pending list, so it stays O(1)). ``XACK`` runs
-in :meth:`after_commit`, once the checkpoint recording that position
-committed and the sinks published its outputs; on restore the driver calls it
-with the restored position first, so a crash between the sink's commit and
-the ack acknowledges those messages without processing them again.
+range ``(after, to]`` of ids (new entries arrive in id order), so it stays
+O(1). ``XACK`` runs in :meth:`after_commit`, once the checkpoint recording
+that position committed and the sinks published its outputs: for a position
+of its own the attempt acks the range's ids it kept in memory (one pipelined
+``XACK``); on restore the driver calls it with the restored position first,
+whose range is read back from this consumer's pending list (``XPENDING``), so a
+crash between the sink's commit and the ack acknowledges those messages
+without processing them again.
+
+Lag (:meth:`lag`, two round trips, at most every ``lag_every_s``): the group's
+pending count (``XPENDING`` summary), its undelivered entries (``XINFO
+GROUPS``' lag, or the stream's length when the group's last-delivered id lies
+before the stream's first entry) and the age of the oldest entry not acked
+(the oldest pending id, else the first undelivered one: an id is its time on
+the server's clock, ``TIME``). What the stream keeps: ``retention_s`` or
+``maxlen`` as the user states the producer's trimming, else what the stream
+shows (entries added minus its length were deleted: the oldest entry's age
+is how long one lasts). Entries trimmed before the group read them are counted
+(entries added, minus entries the group read, minus what is left after its
+last-delivered id) against the count its last position recorded: a rise is a
+warning with the figures, never a silent loss.
 
 A message delivered more than ``max_deliveries`` times (``XPENDING``'s
 count), one that is not valid JSON, or one trimmed from the stream before it
@@ -33,6 +48,7 @@ from __future__ import annotations
 
 import json
 import time
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,9 +56,10 @@ from ..._faults import fault_point
 from .._redis import connect, probe
 from ..errors import DataError
 from .base import BadRecord, Batch, Position
-from .queue import QueueSource, decode_json, poison
+from .queue import QueueSource, decode_json, poison, span
 
 PENDING_PAGE = 1000
+ACK_PAGE = 10_000  # ids per XACK
 
 
 def _sid(stream_id: str) -> tuple[int, int]:
@@ -82,7 +99,11 @@ class RedisStreamSource(QueueSource):
         max_deliveries: int = 5,
         claim_idle_ms: int | None = 300_000,
         create_stream: bool = False,
+        retention_s: float | None = None,
+        maxlen: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        lag_every_s: float = 5.0,
     ) -> None:
         if start not in ("0", "$"):
             raise ValueError(
@@ -95,7 +116,14 @@ class RedisStreamSource(QueueSource):
             max_messages=max_messages,
             max_deliveries=max_deliveries,
             clock=clock,
+            wall=wall,
+            lag_every_s=lag_every_s,
         )
+        if retention_s is not None and retention_s <= 0:
+            raise ValueError(f"retention_s must be > 0 seconds, not {retention_s}")
+        if maxlen is not None and maxlen < 1:
+            raise ValueError(f"maxlen must be >= 1 entries, not {maxlen}")
+        self.retention_s, self.maxlen = retention_s, maxlen
         self.url, self.stream, self.group, self.start = url, stream, group, start
         self.consumer, self.field, self.id_key = consumer, field, id_key
         self.claim_idle_ms, self.create_stream = claim_idle_ms, create_stream
@@ -106,6 +134,12 @@ class RedisStreamSource(QueueSource):
         self._ids: list[str] = []  # phases 1-2: read since the last ack
         self._after: str | None = None  # phase 3: (after, to] read since the last ack
         self._to: str | None = None
+        self._reading = False  # read_from began: after_commit gets positions of this attempt
+        self._new: list[str] = []  # phase 3: ids read since the last ack, in id order
+        # Entries deleted after the group's last-delivered id, as last seen (a read past
+        # them makes Redis count them read, and this 0 again).
+        self._lost: int | None = None
+        self._stopped_checked = False
 
     # -- the QueueSource contract -------------------------------------------------
     @property
@@ -113,7 +147,7 @@ class RedisStreamSource(QueueSource):
         return self.stream
 
     def start_position(self) -> Position:
-        return {"records": 0, "ids": [], "after": None, "to": None}
+        return {"records": 0, "ids": [], "after": None, "to": None, "at": None, "lost": None}
 
     def probe(self) -> None:
         """Refuse an unreachable server, a refused login or a missing stream (``segue run``)."""
@@ -154,10 +188,23 @@ class RedisStreamSource(QueueSource):
         fault_point("queue.before_ack")  # tests kill here: committed and published, not acked
         if position is None:
             return
-        r, ids, to = self.conn, list(position.get("ids") or ()), position.get("to")
-        for i in range(0, len(ids), PENDING_PAGE):
-            self.acked += int(r.xack(self.stream, self.group, *ids[i : i + PENDING_PAGE]))
-        if to is not None:
+        if self._lost is None and position.get("lost") is not None:
+            self._lost = int(position["lost"])  # restored: the count its last read saw
+        r, explicit, to = self.conn, list(position.get("ids") or ()), position.get("to")
+        ids = explicit
+        if self._reading and to is not None:
+            # Our own position: this attempt read every new entry of its range and kept their
+            # ids (in memory only): ack them without looking the range up in XPENDING.
+            cut = bisect_right(self._new, _sid(to), key=_sid)
+            ids = explicit + self._new[:cut]
+            del self._new[:cut]
+        if ids:
+            pipe = r.pipeline(transaction=False)
+            for i in range(0, len(ids), ACK_PAGE):
+                pipe.xack(self.stream, self.group, *ids[i : i + ACK_PAGE])
+            self.acked += sum(int(n) for n in pipe.execute())
+        if to is not None and not self._reading:
+            # Restored: the range's ids are known only to the group's pending list.
             after = position.get("after")
             lo = "-" if after is None else f"({after}"
             while True:
@@ -169,8 +216,9 @@ class RedisStreamSource(QueueSource):
                 page = [e["message_id"] for e in got]
                 self.acked += int(r.xack(self.stream, self.group, *page))
                 lo = f"({page[-1]}"
-        done = set(ids)
-        self._ids = [i for i in self._ids if i not in done]
+        if explicit:
+            done = set(explicit)
+            self._ids = [i for i in self._ids if i not in done]
         if to is not None:
             self._after = to
             if self._to is not None and _sid(self._to) <= _sid(to):
@@ -179,10 +227,13 @@ class RedisStreamSource(QueueSource):
 
     # -- reading -----------------------------------------------------------------
     def _position(self) -> Position:
-        return {"records": self._n, "ids": list(self._ids), "after": self._after, "to": self._to}
+        return {"records": self._n, "ids": list(self._ids), "after": self._after, "to": self._to,
+                "at": round(self.wall(), 3), "lost": self._lost}
 
     def read_from(self, position: Position, batch: int) -> Iterator[Batch]:
         self._n = int(position.get("records", 0))
+        self._check_stop(position)
+        self._reading = True
         r, s, g, me = self.conn, self.stream, self.group, self._me
         cursor = "0"
         while True:  # 1. our own pending entries: read before the crash, never committed
@@ -246,15 +297,27 @@ class RedisStreamSource(QueueSource):
     ) -> Batch:
         records: list[Any] = []
         nbytes, bad = 0, False
+        field, loads = self.field, json.loads
+        # New entries are delivered once (never poison): JSON in the field is decoded here,
+        # anything else (no field, bad JSON, an id to add) by _decode.
+        fast = not deliveries and field is not None and self.id_key is None
         for mid, fields in entries:
+            if fields:
+                nbytes += sum(map(len, fields.values()))
+                if fast and (text := fields.get(field or "")) is not None:
+                    try:
+                        records.append(loads(text))
+                        continue
+                    except ValueError:
+                        pass
             rec = self._decode(mid, fields or {}, deliveries.get(mid, 1))
             bad = bad or type(rec) is BadRecord
             records.append(rec)
-            nbytes += sum(len(v) for v in (fields or {}).values())
         if explicit:
             self._ids.extend(m for m, _ in entries)
         else:
             self._to = entries[-1][0]
+            self._new.extend(m for m, _ in entries)
         self._n += len(entries)
         return Batch(records, self._position(), nbytes, has_bad=bad)
 
@@ -284,3 +347,94 @@ class RedisStreamSource(QueueSource):
 
     def describe(self) -> str:
         return f"redis stream {self.stream!r} (group {self.group}) at {self.url}"
+
+    # -- lag and retention -------------------------------------------------------
+    def lag(self) -> dict[str, Any]:
+        r, s, g = self.conn, self.stream, self.group
+        pipe = r.pipeline(transaction=False)
+        pipe.time()
+        pipe.xpending(s, g)
+        pipe.xinfo_groups(s)
+        pipe.xinfo_stream(s)
+        (sec, usec), pend, groups, info = pipe.execute()
+        now_ms = int(sec) * 1000 + int(usec) // 1000
+        grp = next((x for x in groups if x["name"] == g), None)
+        if grp is None:
+            return {"note": f"group {g} does not exist"}
+        pending, last = int(pend["pending"]), grp["last-delivered-id"]
+        length, added = int(info["length"]), info.get("entries-added")
+        first = info["first-entry"][0] if info.get("first-entry") else None
+        gap = grp.get("lag")  # entries added after the group's last read (trimmed ones too)
+        undelivered: int | None
+        lost: int | None
+        if first is not None and _sid(first) > _sid(last):
+            undelivered = length  # every entry left comes after the group's last read
+            lost = None if gap is None else max(0, int(gap) - length)
+        else:
+            undelivered = None if gap is None else int(gap)
+            lost = 0  # nothing was trimmed past the group's last read
+        oldest = pend["min"] if pending else None
+        if oldest is None and undelivered != 0:
+            nxt = r.xrange(s, f"({last}", "+", count=1)
+            oldest = nxt[0][0] if nxt else None
+        out: dict[str, Any] = {
+            "pending": pending,
+            "undelivered": undelivered,
+            "oldest_age_s": None if oldest is None else max(0.0, (now_ms - _sid(oldest)[0]) / 1000),
+            "deleted_unread": lost,
+            **self._keeps(now_ms, first, info, length, added),
+        }
+        if lost is not None:  # entries deleted past the group's last read: it skips them
+            if self._lost is not None and lost > self._lost:
+                self.warn(
+                    f"stream {s!r} was trimmed past what group {g} had read: {lost - self._lost} "
+                    f"entries were deleted before this step read them and are lost; the stream "
+                    f"keeps {out['keeps']}"
+                )
+            self._lost = lost
+        return out
+
+    def _keeps(
+        self, now_ms: int, first: str | None, info: dict[str, Any], length: int, added: Any
+    ) -> dict[str, Any]:
+        """How long the stream keeps an entry: as the user states the producer's trimming,
+        else as the stream shows it (deleted entries: its oldest entry's age)."""
+        oldest_s = None if first is None else max(0.0, (now_ms - _sid(first)[0]) / 1000)
+        if self.retention_s is not None:
+            return {"keeps_s": float(self.retention_s),
+                    "keeps": f"entries for {span(self.retention_s)} (retention_s)"}
+        if self.maxlen is not None:
+            last = info.get("last-entry")
+            keeps_s = None
+            if oldest_s is not None and last and length > 1:
+                spread_s = (_sid(last[0])[0] - _sid(first or last[0])[0]) / 1000
+                keeps_s = spread_s * self.maxlen / length  # at the rate of what it holds now
+            about = "" if keeps_s is None else f", about {span(keeps_s)} at the current rate"
+            return {"keeps_s": keeps_s, "keeps": f"the last {self.maxlen} entries (maxlen){about}"}
+        deleted = None if added is None else int(added) - length
+        if deleted:
+            return {"keeps_s": oldest_s,
+                    "keeps": f"about {span(oldest_s or 0)} of entries: it is trimmed ({deleted} "
+                             f"deleted so far) and its oldest entry is that old"}
+        return {"keeps_s": None, "keeps": "every entry: the stream has not been trimmed"}
+
+    def _check_stop(self, position: Position) -> None:
+        """A restored position older than what the stream is stated to keep: say what may
+        be gone (an observed loss is counted by :meth:`lag` itself)."""
+        stopped = self.stopped_for(position)
+        if self._stopped_checked or stopped is None:
+            return
+        self._stopped_checked = True
+        try:
+            figure = self.lag_due(force=True)
+        except Exception:  # noqa: BLE001 - the read will say what is wrong
+            return
+        if figure is None:
+            return
+        keeps_s = figure.get("keeps_s")
+        if keeps_s is not None and stopped > keeps_s and (self.retention_s or self.maxlen):
+            self.warn(
+                f"stream {self.stream!r} keeps {figure['keeps']}, and this step last read from "
+                f"it {span(stopped)} ago: entries added before it read them may have been "
+                f"trimmed unprocessed"
+            )

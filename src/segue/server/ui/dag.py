@@ -22,7 +22,7 @@ COLLAPSE_AT = 4  # a group of this many numbered siblings becomes one node...
 COLLAPSE_OVER = 12  # ...in a run of more than this many steps
 
 # Colours come from CSS classes (st-RUNNING...); this order picks a folded node's class.
-_PRIORITY = ("FAILED", "RUNNING", "RETRYING", "PARKED", "PENDING", "CANCELLED", "SUCCEEDED")
+_PRIORITY = ("FAILED", "RUNNING", "RETRYING", "PARKED", "PENDING", "CANCELLED", "SUCCEEDED", "SKIPPED")
 
 
 def flow_edges(flow_path: str, file_digest: str | None, steps: Sequence[str]) -> list[tuple[str, str]] | None:
@@ -49,9 +49,14 @@ def flow_edges(flow_path: str, file_digest: str | None, steps: Sequence[str]) ->
             if not isinstance(dec, ast.Call):
                 continue
             for kw in dec.keywords:
-                if kw.arg != "after" or not isinstance(kw.value, ast.List | ast.Tuple):
+                # after=[...], and a fan-out's over=PARENT (segue's flow.foreach)
+                if kw.arg == "over" and isinstance(kw.value, ast.Name | ast.Constant):
+                    elts: list[ast.expr] = [kw.value]
+                elif kw.arg == "after" and isinstance(kw.value, ast.List | ast.Tuple):
+                    elts = list(kw.value.elts)
+                else:
                     continue
-                for el in kw.value.elts:
+                for el in elts:
                     up = el.id if isinstance(el, ast.Name) else (
                         el.value if isinstance(el, ast.Constant) and isinstance(el.value, str) else None)
                     if up in known and (up, node.name) not in edges:

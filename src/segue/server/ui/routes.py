@@ -30,6 +30,7 @@ from ..app import status_of
 from ..auth import Principal
 from ..security import COOKIE, Security
 from . import listing, poolview, views
+from .envview import environment_view
 
 HERE = Path(__file__).parent
 STATIC = {  # the only files served from the package: a fixed list, no path from the request
@@ -158,7 +159,8 @@ def register(app: FastAPI, client_for: Callable[[Principal], LocalClient], sec: 
         except errors.SegueError as exc:
             return failed(request, p, exc)
         name = "run_live.html" if partial else "run.html"
-        return render(request, name, p=p, title=f"run {run_id}", d=data, query=_query(request))
+        env = None if partial else environment_view(client_for(p), run_id)  # once per page, not per poll
+        return render(request, name, p=p, title=f"run {run_id}", d=data, query=_query(request), env=env)
 
     @app.get("/pool", include_in_schema=False, response_model=None)
     def pool_page(request: Request, partial: bool = False) -> Response:

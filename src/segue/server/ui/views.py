@@ -42,7 +42,8 @@ def is_failure(e: Event) -> bool:
 
 def is_noise(e: Event) -> bool:
     """Routine checkpoint bookkeeping, hidden from the default event list."""
-    return (e.kind == "checkpoint" and e.to_state != "quarantined") or e.kind == "checkpoint-interval"
+    return ((e.kind == "checkpoint" and e.to_state != "quarantined") or e.kind == "checkpoint-interval"
+            or (e.kind == "environment" and e.step is not None))  # a step's imports (run.environment)
 
 
 def filter_events(events: Sequence[Event], which: str) -> list[Event]:
