@@ -4,7 +4,9 @@ workers and its controller takes the path an uninterrupted run takes.
 A Hypothesis state machine builds the flow a step at a time (each rule adds a kind of
 step after earlier ones); at the end the flow runs twice, in two homes: once clean,
 once with faults armed at random decision points of the controller and at the commit
-of every first attempt of a worker, resumed after each controller kill until it ends.
+of every first attempt of a worker, resumed after each controller kill until it ends,
+the first of those resumes detached and paused with `segue pause --wait` wherever the
+run then is (it may end first: pauses that landed are counted, not required).
 Both runs must have the same tasks, in the same states (the same branches taken, the
 same items, the same iterations), every output equal, and no task may commit twice.
 The faults that landed are counted: a run that no fault reached proves nothing.
@@ -20,7 +22,7 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-from segue_helpers import Segue
+from segue_helpers import Segue, wait_for
 
 HEADER = '''\
 import hashlib
@@ -93,6 +95,7 @@ class FlowBuilder:
 def run_to_the_end(segue: Segue, flow: Path, rng: random.Random | None) -> dict[str, int]:
     """Run ``flow`` to its end; with ``rng``, under faults. Returns the faults that landed."""
     landed = Counter[str]()
+    landed["pause"] = 0
     env = {"SEGUE_BACKOFF_BASE_S": "0.01", "SEGUE_BACKOFF_MAX_S": "0.05"}
     if rng is not None:  # first round: every worker's first attempt dies before its commit
         env |= {"SEGUE_FAULTS": f"worker.before_complete:kill:1,controller.before_decision:kill:{rng.randint(1, 3)}",
@@ -103,10 +106,21 @@ def run_to_the_end(segue: Segue, flow: Path, rng: random.Random | None) -> dict[
             break
         landed["controller"] += 1
         assert rng is not None, proc.stderr
+        if landed["controller"] == 1:  # the first resume:
+            # A pause, wherever it lands: a detached controller, then `segue pause --wait`.
+            assert segue("resume", "r", "--detach", timeout=600).returncode == 0
+            wait_for(lambda: (lambda st: st["controller"]["alive"] or st["state"] == "SUCCEEDED")(
+                segue.status("r")), 120, "the detached controller to hold the run")
+            segue("pause", "r", "--wait", "--timeout", "300", timeout=600)
+            state = segue.status("r")["state"]
+            if state == "SUCCEEDED":  # it ended before the pause came: nothing left to resume
+                break
+            assert state == "PAUSED", state
+            landed["pause"] += 1
         point = rng.choice(["controller.before_decision", "controller.after_decision"])
         proc = segue("resume", "r", env={"SEGUE_FAULTS": f"{point}:kill:{rng.randint(1, 3)}",
                                          "SEGUE_FAULTS_IN": "controller"}, timeout=600)
-    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert proc.returncode == 0 or segue.status("r")["state"] == "SUCCEEDED", (proc.returncode, proc.stderr[-3000:])
     landed["worker"] = sum(1 for e in segue.events("r") if e["kind"] == "task" and e["to_state"] == "RETRYING")
     return dict(landed)
 
