@@ -345,3 +345,7 @@ def test_a_run_time_fan_out_and_a_skipped_branch_on_the_run_page(web: TestClient
     assert '<g class="node st-SUCCEEDED" id="node-s-fast_path">' in html
     # The fan-out's edge from its parent comes from over= (edges are read from the file).
     assert html.count('class="edge"') == 7
+    # One of its tasks can be selected: its attempts, log and output.
+    item = web.get("/runs/paths?step=score.3")
+    assert item.status_code == 200 and "shard-003" in item.text
+    assert web.get("/runs/paths?step=score.99").status_code == 404  # no such task

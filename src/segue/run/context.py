@@ -102,7 +102,12 @@ class _Inputs(Mapping[str, Any]):
 
 
 class StepContext:
-    """Handed to every step function as its only argument."""
+    """Handed to every step function as its only argument.
+
+    Where the task stands on a path chosen at run time (docs/flows.md): ``item`` and
+    ``index`` in a fan-out's task, ``iteration`` and ``previous`` (the last iteration's
+    output) in a loop's; a branch point calls :meth:`choose`.
+    """
 
     def __init__(
         self,

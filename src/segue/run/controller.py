@@ -147,6 +147,7 @@ class Controller:
         self.moved_to: str | None = None  # the host the run was handed over to, if any
         self._path_error: str | None = None  # a decision of the run's path could not be made
         self._decisions_read = False
+        self._run_storage: CheckpointStorage | None = None
         self.paths = Paths(self.steps, self.order, self._read_state, self._read_value, decided=set())
         self.sched = RunScheduler(
             store=self.store, pool=pool, home=home_key(self.home.root, self.store),
@@ -162,14 +163,14 @@ class Controller:
 
     # -- the run's path (run/paths.py) -------------------------------------------------
     def _storage(self) -> CheckpointStorage:
-        if not hasattr(self, "_run_storage"):
+        if self._run_storage is None:  # opened once, on the first decision that reads an output
             self._run_storage = self.home.run_storage(self.store.get_run(self.run_id))
         return self._run_storage
 
     def _read_state(self, task: str, ref: str) -> dict[str, object]:
         from ..checkpoint import load  # the checkpoint engine only for a flow that decides
 
-        state = load(self._storage(), ref, allow_pickle=self.paths_spec(task).allow_pickle).state
+        state = load(self._storage(), ref, allow_pickle=self._spec_of(task).allow_pickle).state
         return state if isinstance(state, dict) else {}
 
     def _read_value(self, task: str) -> object:
@@ -177,9 +178,9 @@ class Controller:
 
         return load_output(self.store, self._storage(), self.run_id, task,
                            self.store.get_task(self.run_id, task).output_ref,
-                           allow_pickle=self.paths_spec(task).allow_pickle)
+                           allow_pickle=self._spec_of(task).allow_pickle)
 
-    def paths_spec(self, task: str) -> StepSpec:
+    def _spec_of(self, task: str) -> StepSpec:
         return self.steps[task_step(task)[0]]
 
     def _decide(self, tasks: dict[str, TaskRecord]) -> bool:
@@ -630,7 +631,7 @@ class Controller:
         unplaced: set[str] = set()  # a group's tasks all need the same: one that waits, all wait
         for name in tasks:  # a fan-out's items and a loop's iterations run as their step
             if name not in self.steps:
-                self.steps[name] = self.paths_spec(name)
+                self.steps[name] = self._spec_of(name)
         for name in self.paths.expanded_order(tasks):
             t = tasks[name]
             group = task_step(name)[0]

@@ -17,6 +17,7 @@ from ...client.base import RESTING
 from ...client.local import LocalClient
 from ...client.records import CheckpointRecord, Event, RunStatus
 from ...errors import SegueError
+from ...flow.model import task_step
 from ...home import check_run_id
 from ...placement.policy import priority_class, priority_name
 from ..app import home_file
@@ -321,10 +322,28 @@ def _output(client: LocalClient, run_id: str, step: str) -> tuple[str | None, st
     return text, ""
 
 
+def _is_task(client: LocalClient, st: RunStatus, name: str | None, names: list[str]) -> bool:
+    """Whether ``name`` is a task of a fan-out or a loop of this run (``NAME.K``)."""
+    if name is None or task_step(name)[0] not in names or task_step(name)[1] is None:
+        return False
+    try:
+        client.store.get_task(st.run_id, name)
+    except SegueError:
+        return False
+    return True
+
+
+def _state_of(client: LocalClient, st: RunStatus, name: str) -> str:
+    """A step's state, or a fan-out's or a loop's task's (folded into its step: the store's)."""
+    if task_step(name)[1] is None:
+        return st.step(name).state
+    return client.store.get_task(st.run_id, name).state.value
+
+
 def _selected(client: LocalClient, st: RunStatus, hist: History, step: str | None,
               attempt: int | None) -> Selected:
     names = [s.name for s in st.steps]
-    if step not in names:
+    if step not in names and not _is_task(client, st, step, names):
         running = [s.name for s in st.steps if s.state == "RUNNING"]
         tried = [a.step for a in hist.attempts]
         step = running[0] if running else (tried[-1] if tried else (names[0] if names else None))
@@ -334,7 +353,7 @@ def _selected(client: LocalClient, st: RunStatus, hist: History, step: str | Non
     chosen = next((a for a in mine if a.attempt == attempt), mine[-1] if mine else None)
     log, note = _log_tail(client, st.run_id, chosen) if chosen else (None, "no attempt yet")
     out, out_note = (None, "")
-    if st.step(step).state == "SUCCEEDED":
+    if _state_of(client, st, step) == "SUCCEEDED":
         out, out_note = _output(client, st.run_id, step)
     return Selected(step, chosen.attempt if chosen else None, mine, log, note, out, out_note)
 
