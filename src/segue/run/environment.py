@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..flow.model import task_step
 from ..states import Actor
 from ..store.base import Event, RunRecord, Store
 
@@ -297,12 +298,16 @@ class ImportsRecorder:
     compare); never raises (the step's work matters more than this record)."""
 
     def __init__(self, store: Store, run_id: str, step: str, epoch: int) -> None:
-        self.store, self.run_id, self.step, self.epoch = store, run_id, step, epoch
+        # A fan-out's items (a loop's iterations) run the same code: the first one
+        # records for the step, under its name; the others record nothing.
+        group, k = task_step(step)
+        self.store, self.run_id, self.step, self.epoch = store, run_id, group, epoch
+        self.off = bool(k)
         self._written: set[str] = set()
         self._seen = 0
 
     def note(self) -> None:
-        if len(sys.modules) == self._seen:
+        if self.off or len(sys.modules) == self._seen:
             return
         try:
             self._seen = len(sys.modules)
