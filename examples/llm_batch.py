@@ -58,7 +58,6 @@ _progress, _figures = demokit.progress, demokit.figures
 
 
 def main(argv: list[str] | None = None) -> int:
-    import importlib.util
 
     ap = argparse.ArgumentParser(prog="python examples/llm_batch.py")
     ap.add_argument("--prompts", type=int, default=PROMPTS, help=f"prompts to answer (default {PROMPTS})")
@@ -66,9 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preempt-at", type=float, default=0.25, metavar="FRACTION",
                     help="the share of the prompts answered when the urgent run arrives (default 0.25)")
     a = ap.parse_args(argv)
-    for module in ("torch", "transformers", "pyarrow", "rich"):  # found, not imported
-        if importlib.util.find_spec(module) is None:
-            sys.exit(f"demo-llm: {module} is missing; install the demo's extras: pip install -e '.[demo]'")
+    demokit.require(("torch", "transformers", "pyarrow", "rich"), "demo-llm")
     import llm
     from rich.console import Console
 

@@ -263,7 +263,7 @@ def test_restart_step_decides_the_fan_out_again_from_the_files_as_they_are(segue
     assert max(after.values()) == 1
 
 
-def test_restart_step_of_a_step_that_is_running_is_refused(segue: Segue, tmp_path: Path) -> None:
+def test_restart_step_of_a_finished_run_is_refused(segue: Segue, tmp_path: Path) -> None:
     flow = tmp_path / "one.py"
     flow.write_text("from segue import Flow\nflow = Flow('one')\n@flow.step\ndef a(ctx):\n    return 1\n")
     assert segue("run", str(flow), "--run-id", "o", timeout=300).returncode == 0
@@ -282,3 +282,27 @@ def test_the_triage_example_routes_by_confidence_and_reports(segue: Segue, tmp_p
     took = report["path"]
     assert steps[took] == "SUCCEEDED" and steps["publish" if took == "rescore" else "rescore"] == "SKIPPED"
     assert (tmp_path / "out" / "report.json").exists()
+
+
+def test_a_fan_out_over_the_outputs_of_another_fan_out(segue: Segue, tmp_path: Path) -> None:
+    flow = tmp_path / "twice.py"
+    flow.write_text(
+        "from segue import Flow\n"
+        "flow = Flow('twice')\n"
+        "@flow.step\n"
+        "def parent(ctx):\n"
+        "    return [1, 2, 3]\n"
+        "@flow.foreach(over=parent)\n"
+        "def double(ctx):\n"
+        "    return [ctx.item] * 2\n"
+        "@flow.foreach(over=double)\n"
+        "def total(ctx):\n"
+        "    return sum(ctx.item) + ctx.index\n"
+        "@flow.step(after=[total])\n"
+        "def join(ctx):\n"
+        "    return ctx.inputs['total']\n")
+    proc = segue("run", str(flow), "--run-id", "t2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert segue.output("t2", "join") == [2, 5, 8]
+    total = next(d for d in decisions(segue, "t2") if d["step"] == "total")
+    assert total["data"]["items"] == 3 and total["data"]["output_ref"] == "gather:3"

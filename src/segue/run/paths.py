@@ -33,7 +33,7 @@ from ..errors import FlowError
 from ..flow.model import StepSpec, child_task, task_step
 from ..states import TaskState
 from ..store.base import TaskRecord
-from .stepio import gather_ref
+from .stepio import GATHER, gather_ref
 
 ItemLoader = Callable[[str], Any]  # a task's name -> its output's value
 StateLoader = Callable[[str, str], Mapping[str, Any]]  # (task, output reference) -> the saved state
@@ -162,7 +162,6 @@ class Paths:
         self.read_state, self.read_value = read_state, read_value
         self.decided = decided
         self.floors: dict[str, int] = {}  # group -> the highest epoch of its tasks a restart dropped
-        self.after: dict[str, list[str]] = {n: [s.name for s in steps.values() if n in s.after] for n in steps}
 
     # -- what runs, in which order ------------------------------------------------------
     @staticmethod
@@ -257,8 +256,12 @@ class Paths:
         assert spec.foreach is not None
         if name not in self.decided:
             parent = tasks[spec.foreach]
-            items = fanout_items(spec, self.read_value(spec.foreach))
-            state = self.read_state(spec.foreach, parent.output_ref) if parent.output_ref else {}
+            # The parent's output read once: its saved state holds the value and the listing
+            # of its inputs; a fan-out's own (gather) output is its items', read one by one.
+            ref = parent.output_ref
+            own = ref is not None and not ref.startswith(GATHER)
+            state = self.read_state(spec.foreach, ref) if own and ref else {}
+            items = fanout_items(spec, state.get("value") if own else self.read_value(spec.foreach))
             plan.decisions.append(Decision(
                 name, f"{name} fans out over {len(items)} item(s) of {spec.foreach}",
                 add=tuple(child_task(name, i) for i in range(len(items))), epoch=self.floors.get(name, 0),

@@ -26,6 +26,7 @@ from typing import Any
 
 from .._canon import canonical_json
 from ..errors import ControllerConflictError, FencedError, IllegalTransitionError, StoreError
+from ..flow.model import task_step
 from ..states import (
     RESTART_FROM,
     RUN_TRANSITIONS,
@@ -444,5 +445,5 @@ def discarded(floor: int) -> dict[str, Any]:
 
 def raise_floor(floors: dict[str, int], task: str, epoch: int) -> None:
     """``floors[group]``: the highest epoch of the dropped tasks of a group (``NAME.K``)."""
-    group = task.partition(".")[0]
+    group = task_step(task)[0]
     floors[group] = max(floors.get(group, 0), int(epoch))

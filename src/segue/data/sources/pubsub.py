@@ -32,7 +32,6 @@ its threads and the loop and would lease messages the loop never reads. One
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -53,7 +52,7 @@ from .._pubsub import (
     where,
 )
 from .base import BadRecord, Batch, Position
-from .queue import QueueSource, decode_json, poison, span
+from .queue import QueueSource, body_record, span
 
 log = logging.getLogger(__name__)
 ACK_CHUNK = 1000  # ack ids per request: well under Pub/Sub's 512 KB request limit
@@ -358,19 +357,9 @@ class PubSubSource(QueueSource):
         return self._counts.get(rm.message.message_id, 1)
 
     def _decode(self, rm: Any) -> Any:
-        mid, data = rm.message.message_id, bytes(rm.message.data)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return BadRecord(data.decode("utf-8", "replace"), f"message {mid} is not UTF-8 ({exc})")
-        deliveries = self._deliveries(rm)
-        if deliveries > self.max_deliveries:
-            raw = json.dumps({"id": mid, "data": text})
-            return poison(raw, f"message {mid}", deliveries, self.max_deliveries)
-        rec = decode_json(text, f"message {mid}")
-        if self.id_key is not None and isinstance(rec, dict):
-            rec = {**rec, self.id_key: mid}
-        return rec
+        mid = rm.message.message_id
+        return body_record(mid, bytes(rm.message.data), self._deliveries(rm), self.max_deliveries,
+                           raw_key="data", id_key=self.id_key)
 
     def describe(self) -> str:
         return f"pubsub subscription {self.input_name!r} at {where(self.emulator_host)}"

@@ -246,6 +246,25 @@ def decode_json(text: str, what: str) -> Any:
         return BadRecord(text, f"{what} is not valid JSON ({exc})")
 
 
+def with_id(rec: Any, id_key: str | None, mid: str) -> Any:
+    """``rec`` with the message id under ``id_key`` (a dict record only; None: as it is)."""
+    return {**rec, id_key: mid} if id_key is not None and isinstance(rec, dict) else rec
+
+
+def body_record(mid: str, body: bytes, deliveries: int, max_deliveries: int, *, raw_key: str,
+                id_key: str | None) -> Any:
+    """A message's body as its record (UTF-8 JSON, :func:`with_id`), or the bad record that
+    dead-letters it: not UTF-8, delivered more than ``max_deliveries`` times (the raw line
+    holds the body under ``raw_key``), or not JSON."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return BadRecord(body.decode("utf-8", "replace"), f"message {mid} is not UTF-8 ({exc})")
+    if deliveries > max_deliveries:
+        return poison(json.dumps({"id": mid, raw_key: text}), f"message {mid}", deliveries, max_deliveries)
+    return with_id(decode_json(text, f"message {mid}"), id_key, mid)
+
+
 class IdLedger:
     """What a queue that cannot acknowledge by id keeps in its position (RabbitMQ's delivery
     tags, for one, die with their channel): message ids, bounded, never the input.

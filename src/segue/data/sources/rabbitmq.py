@@ -43,7 +43,6 @@ acknowledged with its batch.
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections import deque
@@ -55,7 +54,7 @@ from ..._faults import fault_point
 from .._amqp import BrokerUnreachable, check_queue, connect, probe
 from .._urls import redact
 from .base import BadRecord, Batch, Position
-from .queue import IdLedger, QueueSource, decode_json, poison, span
+from .queue import IdLedger, QueueSource, body_record, span
 
 # One delivered message: (delivery tag, redelivered flag, properties, body).
 Delivery = tuple[int, bool, Any, bytes]
@@ -339,18 +338,8 @@ class RabbitMQSource(QueueSource):
                 f"message (delivery tag {tag}) of queue {self.queue_name!r} has no {what}; "
                 f"publish every message with one",
             )
-        deliveries = self._deliveries(mid, props)
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return BadRecord(body.decode("utf-8", "replace"), f"message {mid} is not UTF-8 ({exc})")
-        if deliveries > self.max_deliveries:
-            raw = json.dumps({"id": mid, "body": text})
-            return poison(raw, f"message {mid}", deliveries, self.max_deliveries)
-        rec = decode_json(text, f"message {mid}")
-        if self.id_key is not None and isinstance(rec, dict):
-            rec = {**rec, self.id_key: mid}
-        return rec
+        return body_record(mid, body, self._deliveries(mid, props), self.max_deliveries, raw_key="body",
+                           id_key=self.id_key)
 
     def describe(self) -> str:
         return f"rabbitmq queue {self.queue_name!r} at {redact(self.url)}"

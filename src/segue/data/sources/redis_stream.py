@@ -56,7 +56,7 @@ from ..._faults import fault_point
 from .._redis import connect, probe
 from ..errors import DataError
 from .base import BadRecord, Batch, Position
-from .queue import QueueSource, decode_json, poison, span
+from .queue import QueueSource, decode_json, poison, span, with_id
 
 PENDING_PAGE = 1000
 ACK_PAGE = 10_000  # ids per XACK
@@ -341,9 +341,7 @@ class RedisStreamSource(QueueSource):
             rec = decode_json(fields[self.field], f"message {mid}: field {self.field!r}")
             if type(rec) is BadRecord:
                 return rec
-        if self.id_key is not None and isinstance(rec, dict):
-            rec = {**rec, self.id_key: mid}
-        return rec
+        return with_id(rec, self.id_key, mid)
 
     def describe(self) -> str:
         return f"redis stream {self.stream!r} (group {self.group}) at {self.url}"
